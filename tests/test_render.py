@@ -1,0 +1,248 @@
+"""The RFC render tool (``rfc/render.py``): results drive the tables, ``--check`` catches stale pages, missing
+results give a note. Everything runs on a temporary RFC directory; committed files are never touched.
+
+The results written here are synthetic fixtures built by the tests, not measurements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RENDER = Path(__file__).resolve().parent.parent / "rfc" / "render.py"
+
+PAGE = """# A hand-written page
+
+Text before the block stays exactly as written.
+
+<!-- BEGIN GENERATED: standing -->
+<!-- END GENERATED: standing -->
+
+<!-- BEGIN GENERATED: matrix -->
+anything in here is replaced
+<!-- END GENERATED: matrix -->
+
+Text after the block stays too.
+"""
+
+
+def _load_render():
+    spec = importlib.util.spec_from_file_location("rfc_render", RENDER)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load_render()
+
+
+def _setup(**extra):
+    return {
+        "machine": "test-machine", "python": "3.11", "torch": "2.x", "pytorch_lightning": "2.6.x",
+        "torchdata": "0.x", "git_commit": "feedface" * 5, "generated_at": "2000-01-01T00:00:00+00:00", **extra,
+    }
+
+
+def conformance(outcome_of_last: str = "passed") -> dict:
+    results = []
+    for design, variants in (("alpha", ["alpha"]), ("beta", ["beta[depth=0]", "beta[depth=2]"])):
+        for variant in variants:
+            for clause in ("C1", "C2", "C3"):
+                for n in range(2):
+                    results.append(dict(design=design, variant=variant, clause=clause, outcome="passed", reason="",
+                                        test_id=f"test_{clause.lower()}.py::test_{n}"))
+    results[0].update(outcome="xfailed", reason="alpha counts step calls, not batches")
+    results[-1].update(outcome=outcome_of_last, reason="")
+    return {
+        "schema": 1, "setup": _setup(),
+        "clauses": {"C1": "Selection", "C2": "Items", "C3": "Exactly once, in order"},
+        "designs": {"alpha": {"summary": "the alpha design"}, "beta": {"summary": "the beta design"}},
+        "results": results,
+    }
+
+
+def benchmarks(beta_efficiency: float = 0.9) -> dict:
+    s1 = []
+    for design, eff in (("alpha", 0.05), ("beta", beta_efficiency)):
+        for L in (5.0, 10.0, 20.0):
+            serial, ideal = L + 10.0, max(L, 10.0)
+            s1.append(dict(design=design, L_ms=L, C_ms=10.0, time_per_batch_ms=serial - eff * (serial - ideal),
+                           t_serial_ms=serial, t_ideal_ms=ideal, efficiency=eff))
+    return {
+        "schema": 1, "setup": _setup(cpu_count=2, torch_threads=1),
+        "targets": {"S1_efficiency_min": 0.95},
+        "scenarios": {
+            "S1": s1,
+            "S2": [dict(design="alpha", speedup=1.2), dict(design="beta", speedup=1.7)],
+            "S3": [dict(design="alpha", overhead_vs_regular=1.0, overhead_vs_raw=2.5)],
+            "S4": [dict(design="beta[depth=2]", depth=2, efficiency=0.8, peak_rss_mb=123.4, peak_in_flight=3)],
+        },
+    }
+
+
+@pytest.fixture
+def rfc(tmp_path: Path) -> Path:
+    """A temporary RFC directory: one hand-written page with markers, results, one design page."""
+    root = tmp_path / "rfc"
+    (root / "results").mkdir(parents=True)
+    (root / "designs").mkdir()
+    (root / "designs" / "beta.md").write_text("# beta\n")
+    (root / "page.md").write_text(PAGE)
+    write_results(root, conformance(), benchmarks())
+    return root
+
+
+def write_results(root: Path, conf: dict | None, bench: dict | None) -> None:
+    for name, data in (("conformance.json", conf), ("benchmarks-python.json", bench)):
+        path = root / "results" / name
+        if data is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(json.dumps(data))
+
+
+def run(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python rfc/render.py --rfc-dir ROOT ARGS``, in-process (the CLI itself runs in the last test)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = render.main(["--rfc-dir", str(root), *args])
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def test_render_then_check_passes_and_hand_written_text_is_kept(rfc):
+    assert run(rfc).returncode == 0
+    page = (rfc / "page.md").read_text()
+    assert page.startswith("# A hand-written page\n\nText before the block stays exactly as written.\n\n")
+    assert page.endswith("\n\nText after the block stays too.\n")
+    assert "anything in here is replaced" not in page
+    assert "machine `test-machine`" in page and "commit `feedfacefeed`" in page  # the setup line
+    assert (rfc / "generated" / "matrix.md").is_file()
+    assert (rfc / "generated" / "benchmarks.md").is_file()
+    assert (rfc / "generated" / "efficiency-vs-ratio-python.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    check = run(rfc, "--check")
+    assert check.returncode == 0, check.stderr
+    again = run(rfc)
+    assert again.returncode == 0 and "up to date" in again.stdout  # idempotent: nothing rewritten
+
+
+def test_matrix_lists_counts_and_every_expected_failure_with_its_reason(rfc):
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "| `alpha` | 1 / 1 / 0 | 2 / 0 / 0 | 2 / 0 / 0 | 5 / 1 / 0 |" in matrix
+    assert "alpha counts step calls, not batches" in matrix
+    assert "No failures, errors, unexpected passes or skips." in matrix
+
+
+def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rfc):
+    assert run(rfc).returncode == 0
+    before_matrix = (rfc / "generated" / "matrix.md").read_text()
+    before_bench = (rfc / "generated" / "benchmarks.md").read_text()
+    before_page = (rfc / "page.md").read_text()
+    png = rfc / "generated" / "efficiency-vs-ratio-python.png"
+    png_before = png.read_bytes()
+
+    write_results(rfc, conformance(outcome_of_last="failed"), benchmarks(beta_efficiency=0.5))
+    check = run(rfc, "--check")
+    assert check.returncode == 1
+    assert "generated/matrix.md" in check.stderr and "page.md" in check.stderr
+    assert "generated/benchmarks.md" in check.stderr
+    assert "python " in check.stderr and "render.py --rfc-dir" in check.stderr  # says how to fix it
+
+    assert run(rfc).returncode == 0
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert matrix != before_matrix
+    assert "| `beta[depth=2]` | 2 / 0 / 0 | 2 / 0 / 0 | **1 / 0 / 1** | **5 / 0 / 1** |" in matrix
+    assert "| C3 | `test_c3.py::test_1` | failed |" in matrix
+    bench = (rfc / "generated" / "benchmarks.md").read_text()
+    assert bench != before_bench and "| `beta` | 10.0 | 10.0 | 1.00 | 15.0 |" in bench
+    assert (rfc / "page.md").read_text() != before_page
+    assert png.read_bytes() != png_before  # plot data changed: redrawn
+    assert run(rfc, "--check").returncode == 0
+
+
+def test_check_catches_a_hand_edited_table_and_a_missing_plot(rfc):
+    run(rfc)
+    page = rfc / "page.md"
+    page.write_text(page.read_text().replace("5 / 1 / 0", "6 / 0 / 0"))
+    check = run(rfc, "--check")
+    assert check.returncode == 1 and "page.md: differs" in check.stderr
+    run(rfc)
+    (rfc / "generated" / "efficiency-vs-ratio-python.png").unlink()
+    check = run(rfc, "--check")
+    assert check.returncode == 1 and "efficiency-vs-ratio-python.png: missing" in check.stderr
+    run(rfc)
+    assert run(rfc, "--check").returncode == 0
+
+
+def test_unchanged_plot_data_never_redraws_the_png(rfc):
+    run(rfc)
+    png = rfc / "generated" / "efficiency-vs-ratio-python.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n not what this matplotlib draws")  # bytes from another version: fine
+    stamp = png.stat().st_mtime_ns
+    bench = benchmarks()
+    bench["scenarios"]["S3"][0]["overhead_vs_raw"] = 9.0  # not plotted
+    write_results(rfc, conformance(), bench)
+    assert run(rfc).returncode == 0
+    assert png.stat().st_mtime_ns == stamp
+    assert run(rfc, "--check").returncode == 0
+
+
+def test_missing_results_render_a_note_instead_of_crashing(rfc):
+    write_results(rfc, None, None)
+    result = run(rfc)
+    assert result.returncode == 0, result.stderr
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "No conformance results yet:** run `pytest tests/conformance --results rfc/results/conformance.json`" in matrix
+    bench = (rfc / "generated" / "benchmarks.md").read_text()
+    assert "No benchmark results yet:** run `" in bench
+    assert "No conformance results yet" in (rfc / "page.md").read_text()
+    assert not list((rfc / "generated").glob("*.png"))
+    assert run(rfc, "--check").returncode == 0
+    (rfc / "results").rmdir()  # not even the directory
+    assert run(rfc, "--check").returncode == 0
+
+
+def test_a_results_file_that_goes_away_leaves_a_stale_plot_that_check_reports(rfc):
+    run(rfc)
+    write_results(rfc, conformance(), None)
+    check = run(rfc, "--check")
+    assert check.returncode == 1 and "efficiency-vs-ratio-python.png: no results file renders it" in check.stderr
+    run(rfc)
+    assert not (rfc / "generated" / "efficiency-vs-ratio-python.png").exists()
+
+
+def test_bad_input_is_an_error_not_a_traceback(rfc):
+    (rfc / "results" / "conformance.json").write_text("{not json")
+    result = run(rfc)
+    assert result.returncode == 2 and "not valid JSON" in result.stderr and "Traceback" not in result.stderr
+    write_results(rfc, conformance(), benchmarks())
+    (rfc / "page.md").write_text("<!-- BEGIN GENERATED: nonsense -->\n<!-- END GENERATED: nonsense -->\n")
+    result = run(rfc)
+    assert result.returncode == 2 and "unknown generated block 'nonsense'" in result.stderr
+    (rfc / "page.md").write_text("<!-- BEGIN GENERATED: matrix -->\nno end marker\n")
+    result = run(rfc)
+    assert result.returncode == 2 and "unbalanced" in result.stderr
+
+
+def test_columns_follow_the_rows_keys(rfc):
+    bench = benchmarks()
+    bench["scenarios"]["S3"][0]["new_metric_ms"] = 1.5
+    bench["scenarios"]["S3"][0]["samples"] = [1, 2, 3]  # not a scalar: left out
+    write_results(rfc, conformance(), bench)
+    run(rfc)
+    text = (rfc / "generated" / "benchmarks.md").read_text()
+    assert "`new_metric_ms`" in text and "samples" not in text
+
+
+def test_the_committed_rfc_is_up_to_date():
+    """The repository's own pages match its committed results (what CI's ``render.py --check`` enforces)."""
+    result = subprocess.run([sys.executable, str(RENDER), "--check"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
