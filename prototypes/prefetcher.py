@@ -1,0 +1,570 @@
+"""``prefetcher``: Lightning 2.6's loops with a data fetcher that keeps batches in flight and counts consumed batches.
+
+User code::
+
+    class Model(LightningModule):
+        def training_step(self, dataloader_iter):
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # already on self.device
+            loss = self.model(batch).mean()
+            self.log("loss", loss)  # batch_size inferred from the batch the step received
+            return loss
+
+    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                   # depth=2
+    trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
+    trainer.fit(Model(), train_dataloaders=loader)
+
+Options: ``depth`` (default 2) is the most batches produced ahead of the step; ``0`` produces each batch on the
+main thread when it is needed. ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
+with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
+
+One background thread per epoch loads batches and applies the transfer hooks; on CUDA it also pins them and copies
+them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue; batch progress,
+``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the batches the step
+consumed, never the ones merely prefetched. The regular flavour keeps Lightning's own fetcher.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.utilities.types import _Stateful
+from lightning_utilities.core.apply_func import apply_to_collection
+from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
+from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.loops.progress import _BatchProgress
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
+from pytorch_lightning.utilities.data import extract_batch_size
+
+from prototypes.common import Design, takes_dataloader_iter
+
+_POLL_S = 0.1  # how often a blocked producer or consumer re-checks that the other side is still there
+
+
+# ------------------------------------------------------------------------------------------------ the queue
+class _Failure(NamedTuple):
+    error: BaseException
+
+
+class Prefetcher:
+    """Runs ``produce()`` ahead of the consumer on one thread, at most ``depth`` results not yet released.
+
+    Modelled on torchdata.nodes ``Prefetcher``: a semaphore bounds what is in flight, and a StopIteration or an
+    exception raised by ``produce()`` travels through the queue and is raised from ``get()`` (the same object, so
+    its type and traceback are the original ones). ``release()`` frees one slot once the consumer is done with a
+    result. ``depth=0`` starts no thread: ``get()`` calls ``produce()`` itself. ``shutdown()`` is idempotent and
+    returns once the thread has exited; a ``produce()`` call already running is allowed to finish.
+    """
+
+    def __init__(self, produce: Callable[[], Any], depth: int, name: str = "prefetcher") -> None:
+        if not isinstance(depth, int) or depth < 0:
+            raise ValueError(f"prefetch depth must be an int >= 0 (0 = no background work), got {depth!r}")
+        self.depth = depth
+        self._produce = produce
+        self._slots = threading.BoundedSemaphore(depth) if depth else None
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._finished = False  # the consumer has seen the end or a failure: nothing more will come
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True) if depth else None
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.ident is None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            # Why a timeout: a consumer that stopped early never releases, so the wait must notice shutdown.
+            if not self._slots.acquire(timeout=_POLL_S):
+                continue
+            try:
+                self._results.put(self._produce())
+            except BaseException as error:  # StopIteration included: the consumer re-raises whatever ended us
+                self._results.put(_Failure(error))
+                return
+
+    def get(self) -> Any:
+        """The next result; raises what ``produce()`` raised (StopIteration at the end), then keeps raising it."""
+        if self._finished:
+            raise StopIteration
+        if self._thread is None:
+            try:
+                return self._produce()
+            except BaseException:
+                self._finished = True
+                raise
+        self.start()
+        while True:
+            try:
+                result = self._results.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._results.empty():
+                    raise RuntimeError("the prefetch thread was shut down; this iterator is closed") from None
+        if isinstance(result, _Failure):
+            self._finished = True
+            raise result.error
+        return result
+
+    def release(self) -> None:
+        """The consumer is done with one result: the producer may make another."""
+        if self._thread is not None:
+            self._slots.release()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+# ------------------------------------------------------------------------------------------------ the fetcher
+class _Produced(NamedTuple):
+    batch: Any
+    dataloader_idx: int
+    loader_states: list[dict] | None  # the loaders' state right after this batch: what a checkpoint records
+    ready: torch.cuda.Event | None  # recorded on the side stream after the copies of this batch
+
+
+class _LoaderExhausted(StopIteration):
+    """The loader ended; carries the loaders' state after the end (a resumed run must start a new epoch)."""
+
+    def __init__(self, loader_states: list[dict] | None) -> None:
+        super().__init__()
+        self.loader_states = loader_states
+
+
+class _StepIterator(Iterator):
+    """The ``dataloader_iter`` handed to one step call; closed once that call is over."""
+
+    def __init__(self, fetcher: _PrefetchingIterFetcher) -> None:
+        self._fetcher = fetcher
+        self._open = True
+
+    def __next__(self) -> tuple[Any, int, int]:
+        if not self._open:
+            raise RuntimeError(
+                "`dataloader_iter` was used after the training_step it was passed to returned. Call `next()` only"
+                " inside that step; a later step receives its own `dataloader_iter`."
+            )
+        return self._fetcher.consume()
+
+    @property
+    def done(self) -> bool:
+        """True once the last batch of the epoch has been handed out."""
+        return self._fetcher.done
+
+    def close(self) -> None:
+        self._open = False
+
+
+class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
+    """Keeps up to ``depth`` batches in flight and hands them to the step through a ``_StepIterator``.
+
+    Lightning's loop reads ``_batch``/``_batch_idx`` before the step (for ``on_train_batch_start``) and after it (for
+    ``on_train_batch_end``), and ``done`` for ``is_last_batch``: here they describe the next batch to be consumed
+    (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches.
+    """
+
+    def __init__(self, trainer: pl.Trainer, depth: int, transfer_ahead: bool, copy_stream: Any) -> None:
+        super().__init__()
+        self.trainer = trainer
+        self.depth = depth
+        self.transfer_ahead = transfer_ahead
+        self.copy_stream = copy_stream  # a torch.cuda.Stream, or None off CUDA / without background transfer
+        self.prefetcher: Prefetcher | None = None
+        self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
+        self.consumed_in_step = 0
+        self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
+        self.ran_out_in_step = False  # the step's own next() found no batch left
+        self.loader_states: list[dict] | None = None  # state matching the consumed batches
+        self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
+        self._step_iterator: _StepIterator | None = None
+
+    # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
+    @property
+    def done(self) -> bool:
+        return self._peek() is None
+
+    @done.setter
+    def done(self, exhausted: bool) -> None:  # Lightning's reset() declares an empty loader exhausted
+        self._exhausted = exhausted
+
+    def __iter__(self) -> _PrefetchingIterFetcher:
+        self.stop()
+        _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
+        self.loader_states = self._loader_states()
+        self.prefetcher = Prefetcher(self._produce, self.depth, name="prefetcher-batches")
+        return self
+
+    def __next__(self) -> _StepIterator:
+        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first."""
+        head = self._peek()
+        if head is None:
+            raise StopIteration
+        if self._step_iterator is not None:
+            self._step_iterator.close()
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, self.fetched, head.dataloader_idx
+        self.step_calls += 1
+        self.consumed_in_step = 0
+        self.step_batches = []
+        self.ran_out_in_step = False
+        self._step_iterator = _StepIterator(self)
+        return self._step_iterator
+
+    def consume(self) -> tuple[Any, int, int]:
+        """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
+        head = self._peek()
+        if head is None:
+            self.ran_out_in_step = True
+            raise StopIteration
+        self._head = None
+        self.prefetcher.release()
+        batch_idx = self.fetched
+        self.fetched += 1
+        self.consumed_in_step += 1
+        self.loader_states = head.loader_states
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, batch_idx, head.dataloader_idx
+        self.step_batches.append(head.batch)
+        self.trainer.fit_loop.epoch_loop.batch_progress.count_consumed()
+        return head.batch, batch_idx, head.dataloader_idx
+
+    def close_step(self) -> None:
+        if self._step_iterator is not None:
+            self._step_iterator.close()
+            self._step_iterator = None
+        self.step_batches = []
+
+    def step_batch_size(self) -> int:
+        """Samples the current step call consumed (before its first next(): the batch it will get)."""
+        batches = self.step_batches or ([self._batch] if self._batch is not None else [])
+        return sum(extract_batch_size(batch) for batch in batches) if batches else 1
+
+    def _peek(self) -> _Produced | None:
+        if self._head is None and not self._exhausted:
+            if self.length is not None and self.fetched >= self.length:
+                self._exhausted = True  # a sized loader needs no look-ahead to know its end
+            else:
+                self._head = self._take()
+        return self._head
+
+    def _take(self) -> _Produced | None:
+        if self.prefetcher is None:
+            raise RuntimeError("the epoch's prefetching has stopped; no more batches are handed out in this epoch")
+        self._start_profiler()
+        try:
+            produced = self.prefetcher.get()
+        except _LoaderExhausted as end:
+            self._exhausted = True
+            # Why: nothing unconsumed is left, so the exhausted state is the one to resume from.
+            self.loader_states = end.loader_states
+            return None
+        finally:
+            self._stop_profiler()
+        if produced.ready is not None:
+            # Why (sync point): the compute stream must not read the batch before the side stream's copies finish,
+            # and the allocator must not hand these buffers back to the side stream while the step still uses them.
+            compute_stream = torch.cuda.current_stream(self.copy_stream.device)
+            compute_stream.wait_event(produced.ready)
+            apply_to_collection(produced.batch, torch.Tensor, lambda t: t.record_stream(compute_stream))
+        if not self.transfer_ahead:
+            produced = produced._replace(batch=self._transfer(produced.batch, produced.dataloader_idx))
+        return produced
+
+    def _produce(self) -> _Produced:
+        """Load one batch and (optionally) transfer it; runs on the prefetch thread unless depth is 0."""
+        try:
+            batch, _, dataloader_idx = next(self.iterator)
+        except StopIteration:
+            raise _LoaderExhausted(self._loader_states()) from None
+        loader_states = self._loader_states()  # snapshot on the thread that drives the loader: consistent
+        ready = None
+        if self.transfer_ahead and self.copy_stream is not None:
+            with torch.cuda.device(self.copy_stream.device), torch.cuda.stream(self.copy_stream):
+                pinned = apply_to_collection(batch, torch.Tensor, lambda t: t if t.is_pinned() else t.pin_memory())
+                batch = self._transfer(pinned, dataloader_idx)  # non_blocking copies: the source is pinned
+                ready = self.copy_stream.record_event()
+        elif self.transfer_ahead:
+            batch = self._transfer(batch, dataloader_idx)
+        return _Produced(batch, dataloader_idx, loader_states, ready)
+
+    def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
+
+        Why not ``trainer._call_lightning_module_hook``: it sets ``module._current_fx_name``, which the main thread's
+        ``self.log`` reads, and drives the profiler, which is not thread-safe. The user's hooks must be thread-safe.
+        """
+        trainer = self.trainer
+        selector = trainer._data_connector._datahook_selector
+
+        def hook(name: str) -> Callable[..., Any]:
+            return getattr(selector.get_instance(name), name)
+
+        batch = trainer.precision_plugin.convert_input(batch)
+        batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
+        batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
+        return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+    def _loader_states(self) -> list[dict] | None:
+        loader = self._combined_loader
+        if loader is None or not any(isinstance(dl, _Stateful) for dl in loader.flattened):
+            return None
+        return loader._state_dicts()
+
+    def stop(self) -> None:
+        """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped."""
+        self.close_step()
+        if self.prefetcher is not None:
+            self.prefetcher.shutdown()
+            self.prefetcher = None
+        self._head = None
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_calls = 0
+        self.consumed_in_step = 0
+
+    def teardown(self) -> None:
+        self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them
+        super().teardown()
+
+
+# ------------------------------------------------------------------------------------------------ the loops
+@dataclass
+class _ConsumedBatchProgress(_BatchProgress):
+    """Batch progress in batches consumed, however many a step call takes.
+
+    Lightning's epoch loop increments ready and started before each step call and processed and completed after
+    it. With the prefetching fetcher, ``count_consumed()`` counts ready and started per batch handed out, and the
+    loop's calls only bring processed and completed up to that count; otherwise this is ``_BatchProgress``.
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.counts_consumed = False
+
+    def count_consumed(self) -> None:
+        super().increment_ready()
+        super().increment_started()
+
+    def increment_ready(self) -> None:
+        if not self.counts_consumed:
+            super().increment_ready()
+
+    def increment_started(self) -> None:
+        if not self.counts_consumed:
+            super().increment_started()
+
+    def increment_processed(self) -> None:
+        if not self.counts_consumed:
+            return super().increment_processed()
+        self.total.processed, self.current.processed = self.total.started, self.current.started
+
+    def increment_completed(self) -> None:
+        if not self.counts_consumed:
+            return super().increment_completed()
+        self.total.completed, self.current.completed = self.total.processed, self.current.processed
+
+
+class _StepCallAutomaticOptimization(_AutomaticOptimization):
+    """Lightning's automatic optimisation; with the prefetching fetcher, accumulation windows count step calls."""
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        super().__init__(trainer)
+        self.gradients_pending = False  # backward ran since the last optimizer step
+
+    def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
+        fetcher = self.trainer.fit_loop._data_fetcher
+        if not isinstance(fetcher, _PrefetchingIterFetcher) or self.trainer.strategy.handles_gradient_accumulation:
+            return super().run(optimizer, batch_idx, kwargs)
+        accumulating = self.trainer.fit_loop._should_accumulate()
+        outputs = super().run(optimizer, batch_idx, kwargs)
+        self.gradients_pending = accumulating
+        if accumulating and fetcher.done:
+            # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs; only
+            # now is it known that this call consumed the last batch.
+            self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+            self.step_on_pending_gradients(batch_idx)
+        return outputs
+
+    def step_on_pending_gradients(self, batch_idx: int) -> None:
+        """An optimizer step on gradients already accumulated (the closure computes nothing new)."""
+        if self.gradients_pending:
+            self._optimizer_step(batch_idx, lambda: None)
+            self.gradients_pending = False
+
+    def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
+        fetcher = self.trainer.fit_loop._data_fetcher
+        if not isinstance(fetcher, _PrefetchingIterFetcher) or self._skip_backward:
+            return super()._make_zero_grad_fn(batch_idx, optimizer)
+        # Why: Lightning zeroes when batch_idx % accumulate_grad_batches == 0; a step call here may consume any
+        # number of batches, so the window starts at every accumulate_grad_batches-th step call.
+        if (fetcher.step_calls - 1) % self.trainer.accumulate_grad_batches != 0:
+            return None
+
+        def zero_grad_fn() -> None:
+            self._on_before_zero_grad(optimizer)
+            self._optimizer_zero_grad(batch_idx, optimizer)
+
+        return zero_grad_fn
+
+
+class _PrefetchingEpochLoop(_TrainingEpochLoop):
+    """Lightning's training epoch loop; with the prefetching fetcher, accumulation and validation intervals follow
+    step calls and consumed batches instead of one batch per step call."""
+
+    def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
+        super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
+        self.batch_progress = _ConsumedBatchProgress()
+        self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
+
+    def _prefetching(self, data_fetcher: Any = None) -> _PrefetchingIterFetcher | None:
+        fetcher = data_fetcher if data_fetcher is not None else self.trainer.fit_loop._data_fetcher
+        return fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+
+    def on_run_start(self, data_fetcher: _DataFetcher) -> None:
+        super().on_run_start(data_fetcher)
+        self.automatic_optimization.gradients_pending = False  # the new epoch's first step call zeroes them
+
+    def advance(self, data_fetcher: _DataFetcher) -> None:
+        if (fetcher := self._prefetching(data_fetcher)) is None:
+            return super().advance(data_fetcher)
+        try:
+            super().advance(data_fetcher)
+        except StopIteration:
+            if fetcher.ran_out_in_step:
+                # Why: the step's own next() ended the epoch and Lightning abandoned the call; the batches it took
+                # are consumed and count, and the gradients of earlier calls in the window get their final step.
+                self.batch_progress.increment_processed()
+                self.batch_progress.increment_completed()
+                self.batch_progress.is_last_batch = True
+                if self.trainer.lightning_module.automatic_optimization:
+                    self.automatic_optimization.step_on_pending_gradients(fetcher._batch_idx)
+            raise
+        finally:
+            fetcher.close_step()
+
+    def _accumulated_batches_reached(self) -> bool:
+        if (fetcher := self._prefetching()) is None:
+            return super()._accumulated_batches_reached()
+        return fetcher.step_calls % self.trainer.accumulate_grad_batches == 0
+
+    def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
+        if super()._should_check_val_fx(data_fetcher):
+            return True
+        fetcher = self._prefetching(data_fetcher)
+        interval = self.trainer.val_check_batch
+        if fetcher is None or not self._should_check_val_epoch() or interval in (None, float("inf")):
+            return False
+        # Why: Lightning validates when the batch count is a multiple of the interval; a step consuming several
+        # batches can step over the multiple, so validate at the first step boundary at or past it.
+        progress = self.batch_progress
+        counted = progress.total if self.trainer.check_val_every_n_epoch is None else progress.current
+        return counted.completed // interval > (counted.completed - fetcher.consumed_in_step) // interval
+
+
+class _PrefetchingFitLoop(_FitLoop):
+    """Lightning's fit loop; the one change is which fetcher ``setup_data`` installs for the training step."""
+
+    def __init__(self, trainer: pl.Trainer, depth: int, transfer_ahead: bool, **kwargs: Any) -> None:
+        self.depth = depth
+        self.transfer_ahead = transfer_ahead
+        self._copy_stream: Any = None
+        super().__init__(trainer, **kwargs)
+
+    @property
+    def _data_fetcher(self) -> _DataFetcher | None:
+        return self.__dict__["_data_fetcher"]
+
+    @_data_fetcher.setter
+    def _data_fetcher(self, fetcher: _DataFetcher | None) -> None:
+        # Why a setter: `_FitLoop.setup_data` assigns Lightning's choice and then calls setup/iter on it; replacing it
+        # here, before that, avoids starting the loader (and its workers) twice.
+        if type(fetcher) is _DataLoaderIterDataFetcher:
+            fetcher = _PrefetchingIterFetcher(self.trainer, self.depth, self.transfer_ahead, self._side_stream())
+        self.__dict__["_data_fetcher"] = fetcher
+        if fetcher is not None:
+            self.epoch_loop.batch_progress.counts_consumed = isinstance(fetcher, _PrefetchingIterFetcher)
+
+    def _side_stream(self) -> Any:
+        device = self.trainer.strategy.root_device
+        if self._copy_stream is None and device.type == "cuda" and self.depth and self.transfer_ahead:
+            # Why once per fit: a new stream per epoch strands the caching allocator's per-stream blocks (timm #2781)
+            self._copy_stream = torch.cuda.Stream(device)
+        return self._copy_stream
+
+    def run(self) -> None:
+        module = self.trainer.lightning_module
+        if not takes_dataloader_iter(module.training_step):
+            return super().run()
+        module.log = functools.partial(_log_inferring_batch_size, module, self)
+        try:
+            super().run()
+        finally:
+            del module.log
+
+    def advance(self) -> None:
+        try:
+            super().advance()
+        finally:
+            # Why: the prefetch thread must not outlive the epoch, whether it ended, stopped early or raised.
+            if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
+                self._data_fetcher.stop()
+
+    def on_save_checkpoint(self) -> dict:
+        state_dict = super().on_save_checkpoint()
+        fetcher = self._data_fetcher
+        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.loader_states is not None:
+            # Why: the loaders have run ahead by the prefetched batches; record the state after the consumed ones.
+            state_dict["combined_loader"] = fetcher.loader_states
+        return state_dict
+
+    def teardown(self) -> None:
+        super().teardown()
+        self._copy_stream = None
+
+
+def _log_inferring_batch_size(module: pl.LightningModule, fit_loop: _PrefetchingFitLoop, *args: Any, **kwargs: Any):
+    """``module.log`` while this design trains: ``batch_size`` defaults to what the step consumed.
+
+    Why shadow it on the instance: ``LightningModule.log`` itself refuses the flavour without ``batch_size=``;
+    Lightning proper would drop that check and infer the size in the loop.
+    """
+    bound = _LOG_SIGNATURE.bind(module, *args, **kwargs)
+    fetcher = fit_loop._data_fetcher
+    if bound.arguments.get("batch_size") is None and module.trainer.training and isinstance(fetcher, _PrefetchingIterFetcher):
+        bound.arguments["batch_size"] = fetcher.step_batch_size()
+    return pl.LightningModule.log(*bound.args, **bound.kwargs)
+
+
+_LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
+
+
+def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead: bool = True) -> pl.Trainer:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
+    trainer = pl.Trainer(**trainer_kwargs)
+    stock = trainer.fit_loop
+    fit_loop = _PrefetchingFitLoop(
+        trainer, depth, transfer_ahead, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs
+    )
+    fit_loop.epoch_loop = _PrefetchingEpochLoop(
+        trainer, min_steps=stock.epoch_loop.min_steps, max_steps=stock.epoch_loop.max_steps
+    )
+    trainer.fit_loop = fit_loop
+    return trainer
+
+
+DESIGN = Design(
+    name="prefetcher",
+    summary="Lightning's loops with a fetcher that prefetches `depth` batches on a thread and counts consumed ones",
+    make_trainer=_make_trainer,
+    options={"depth": 2},
+    suite_variants=({"depth": 0}, {"depth": 1}, {"depth": 4}),
+)
