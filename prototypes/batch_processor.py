@@ -155,8 +155,8 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self._steps_pull_batches = False
         self._batches: LookAhead | None = None
         self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
-        self._unstepped_calls = 0  # step calls whose gradients wait for an optimizer step
-        self._unstepped_loss: Any = None
+        self._window_open = False  # gradients accumulated since the last optimizer step
+        self._window_loss: Any = None
         self._last_step_consumed = 0
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
@@ -171,12 +171,20 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         super().on_run_start(data_fetcher)
         if not self._steps_pull_batches:
             return
-        self._step_calls = self._unstepped_calls = self._last_step_consumed = 0
+        self._step_calls = self._last_step_consumed = 0
+        self._window_open, self._window_loss = False, None
         self._last_handed_out = (None, -1)
-        # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` would hand out its own wrapper
-        self._batches = LookAhead(partial(_DataFetcher.__next__, data_fetcher), self._transfer)
+        self._batches = LookAhead(partial(self._fetch, data_fetcher), self._transfer)
         # an unsized loader that is empty this epoch ends it before any step call
         self.batch_progress.is_last_batch = self._batches.exhausted
+
+    @staticmethod
+    def _fetch(data_fetcher: _DataFetcher) -> Item:
+        # the combined loader does not stop at `limit_train_batches`; the fetcher's `done` counts against it
+        if data_fetcher.done:
+            raise StopIteration
+        # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
+        return _DataFetcher.__next__(data_fetcher)
 
     def _transfer(self, batch: Any) -> Any:
         # the regular flavour's transfer path, hooks included (Lightning's training loop uses dataloader_idx=0)
@@ -258,8 +266,6 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self.batch_progress.is_last_batch = self._batches.exhausted
         for _ in range(self._last_step_consumed):
             self.batch_progress.increment_processed()
-        if self._unstepped_calls and self._batches.exhausted:
-            self._step_accumulated_gradients()
         self.update_lr_schedulers("step", update_plateau_schedulers=False)
         if self._num_ready_batches_reached():
             self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
@@ -273,46 +279,60 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         trainer._logger_connector.update_train_step_metrics()
 
     def _run_step(self) -> Any:
-        """One step call through Lightning's optimisation loops; returns its output (None if it ended the epoch)."""
+        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
         assert self._batches is not None
         trainer = self.trainer
-        automatic = trainer.lightning_module.automatic_optimization
         self._step_calls += 1
-        # decided before the step runs, exactly as `_AutomaticOptimization.run` decides it
-        accumulating = not trainer.strategy.handles_gradient_accumulation and self._should_accumulate()
         consumed_before = self.batch_progress.current.ready
         dataloader_iter = StepIterator(self._hand_out, self._batches)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
         try:
             with trainer.profiler.profile("run_training_batch"):
-                if automatic:
-                    # optimizer hooks get the step-call index: zero_grad and accumulation count step calls
-                    output = self.automatic_optimization.run(trainer.optimizers[0], self._step_calls - 1, kwargs)
-                else:
-                    output = self.manual_optimization.run(kwargs)
+                if trainer.lightning_module.automatic_optimization:
+                    return self._run_automatic(kwargs)
+                return self.manual_optimization.run(kwargs)
         except StopIteration:
             if not self._batches.exhausted:
                 raise RuntimeError(STOP_WITH_BATCHES_LEFT) from None
-            output = None  # no loss, no backward, no optimizer step for this call; its batches still count
-        else:
-            if automatic and accumulating:
-                self._unstepped_calls += 1
-                self._unstepped_loss = output.get("loss")
-            elif automatic:
-                self._unstepped_calls = 0
+            # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
+            # window still get their step, as Lightning steps on an epoch's final batch
+            if self._window_open:
+                self._step_optimizer()
+            return None
         finally:
             dataloader_iter.close()
             self._last_step_consumed = self.batch_progress.current.ready - consumed_before
-        return output
 
-    def _step_accumulated_gradients(self) -> None:
-        # The step that consumed the last batch could not know it would: the accumulation decision is made
-        # before the step runs. Step on the gradients accumulated so far, as Lightning does on the final batch.
-        # The closure returns the window's last loss because mixed-precision plugins skip a step whose
-        # closure returns None.
-        loss = self._unstepped_loss
-        self.automatic_optimization._optimizer_step(self._step_calls - 1, lambda: loss)
-        self._unstepped_calls, self._unstepped_loss = 0, None
+    def _run_automatic(self, kwargs: OrderedDict) -> dict:
+        # Lightning calls `optimizer.step(closure)` and runs the step inside it, deciding beforehand whether to
+        # step. Here the step runs first: only once it returns does the loop know whether it took the epoch's
+        # last batch (which closes the accumulation window), and a call cut short by StopIteration must not
+        # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
+        closure = self.automatic_optimization._make_closure(kwargs, self.trainer.optimizers[0], self._step_calls - 1)
+        closure()
+        result = closure.consume_result()
+        self._window_open, self._window_loss = True, result.loss
+        if self.trainer.strategy.handles_gradient_accumulation or not self._should_accumulate():
+            self._step_optimizer()
+        return {} if result.loss is None else result.asdict()
+
+    def _step_optimizer(self) -> None:
+        loss, evaluated = self._window_loss, []
+
+        def computed_loss() -> Any:
+            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
+            if evaluated:
+                raise RuntimeError(
+                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
+                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
+                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
+                )
+            evaluated.append(True)
+            return loss
+
+        # optimizer hooks get the step-call index, as zero_grad does: accumulation counts step calls
+        self.automatic_optimization._optimizer_step(self._step_calls - 1, computed_loss)
+        self._window_open, self._window_loss = False, None
 
     def _accumulated_batches_reached(self) -> bool:
         if not self._steps_pull_batches:
