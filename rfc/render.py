@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 CONFORMANCE_FILE = "conformance.json"
 BENCHMARK_GLOB = "benchmarks-*.json"
 CONFORMANCE_COMMAND = "pytest tests/conformance --results rfc/results/conformance.json"
-BENCHMARK_COMMAND = "pytest --benchmark-only  (see benchmarks/README.md for the results file it writes)"
+BENCHMARK_COMMAND = "pytest --benchmark-only"  # writes rfc/results/benchmarks-<BENCHMARKS_MACHINE_KIND or python>.json
 PLOT_STEM = "efficiency-vs-ratio"
 # Bump when the plot's drawing code changes, so committed PNGs count as stale and are redrawn.
 PLOT_VERSION = 1
@@ -86,10 +86,6 @@ class Inputs:
     command: str
     conformance: dict[str, Any] | None = None
     benchmarks: dict[str, dict[str, Any]] = field(default_factory=dict)  # machine kind -> results
-
-    @property
-    def designs_dir(self) -> Path:
-        return self.rfc_dir / "designs"
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -148,31 +144,56 @@ def _no_results(what: str, command: str) -> str:
     return f"> **No {what} yet:** run `{command}`, commit the JSON, then re-render with `python rfc/render.py`."
 
 
-def _setup_line(setup: dict[str, Any], source: str) -> str:
+def _commit_text(setup: dict[str, Any]) -> str | None:
+    commit = str(setup.get("git_commit") or "")
+    if not commit:
+        return None
+    dirty = commit.endswith("-dirty") or setup.get("git_dirty") is True
+    commit = commit.removesuffix("-dirty")
+    return f"commit {_code(commit[:12])}" + (" (with uncommitted changes)" if dirty else "")
+
+
+SETUP_LABELS = [
+    ("machine", "machine"),
+    ("cpu_count", "CPUs"),
+    ("torch_threads", "torch threads"),
+    ("python", "Python"),
+    ("torch", "torch"),
+    ("pytorch_lightning", "pytorch-lightning"),
+    ("torchdata", "torchdata"),
+    ("pytest_benchmark", "pytest-benchmark"),
+]
+SETUP_HIDDEN = {"git_commit", "git_dirty", "generated_at", "machine_kind"}
+
+
+def _setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> str:
     """One line: machine, versions, commit, when; from a results file's ``setup``."""
     parts = []
-    labels = [
-        ("machine", "machine"),
-        ("cpu_count", "CPUs"),
-        ("torch_threads", "torch threads"),
-        ("python", "Python"),
-        ("torch", "torch"),
-        ("pytorch_lightning", "pytorch-lightning"),
-        ("torchdata", "torchdata"),
-    ]
-    for key, label in labels:
+    for key, label in SETUP_LABELS:
         if key in setup and setup[key] not in (None, ""):
             parts.append(f"{label} {_code(setup[key])}" if key == "machine" else f"{label} {setup[key]}")
-    known = {k for k, _ in labels} | {"git_commit", "generated_at"}
+    known = {k for k, _ in SETUP_LABELS} | SETUP_HIDDEN
     for key in sorted(set(setup) - known):  # anything the producer adds later still shows
-        if isinstance(setup[key], (str, int, float)) and setup[key] != "":
+        if isinstance(setup[key], (str, int, float)) and not isinstance(setup[key], bool) and setup[key] != "":
             parts.append(f"{key} {setup[key]}")
-    commit = setup.get("git_commit")
+    commit = _commit_text(setup)
     if commit:
-        parts.append(f"commit {_code(str(commit)[:12])}")
+        parts.append(commit)
     if setup.get("generated_at"):
         parts.append(f"run {setup['generated_at']}")
-    return f"*Setup ({source}):* " + "; ".join(parts) + "."
+    if mode:
+        parts.append(f"mode {_code(mode)}")
+    line = f"*Setup ({source}):* " + "; ".join(parts) + "."
+    if mode and mode != "measure":
+        line += (f"\n\n> **Not a measurement:** this file comes from a `{mode}` run (small sizes, no timing "
+                 "rounds); re-run `pytest --benchmark-only` for figures.")
+    return line
+
+
+def _bench_setup(data: dict[str, Any], kind: str) -> str:
+    notes = data.get("notes") if isinstance(data.get("notes"), dict) else {}
+    mode = notes.get("mode") if isinstance(notes.get("mode"), str) else None
+    return _setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json", mode)
 
 
 def _fmt_number(key: str, value: Any) -> str:
@@ -181,10 +202,12 @@ def _fmt_number(key: str, value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return "–"
         k = key.lower()
         if k.endswith("_mb"):
             return f"{value:.1f}"
-        if any(w in k for w in ("efficiency", "speedup", "overhead", "ratio")):
+        if any(w in k for w in ("efficiency", "speedup", "overhead", "ratio", "_over_")):
             return f"{value:.2f}"
         mag = abs(value)
         if mag >= 100:
@@ -324,19 +347,21 @@ def block_failures(inputs: Inputs, page_dir: Path) -> str:
 
 
 def block_designs(inputs: Inputs, page_dir: Path) -> str:
-    """Each design: its page (``rfc/designs/<name>.md``) and its one-line summary from the conformance results."""
-    summaries: dict[str, str] = {}
-    if inputs.conformance:
-        summaries = {k: (v or {}).get("summary", "") for k, v in (inputs.conformance.get("designs") or {}).items()}
-    pages = {p.stem: p for p in sorted(inputs.designs_dir.glob("*.md"))} if inputs.designs_dir.is_dir() else {}
-    names = list(dict.fromkeys([*summaries, *pages]))
+    """The designs the conformance results cover: name, one-line summary (from the registry) and variants run."""
+    data = inputs.conformance
+    if data is None:
+        return _no_results("conformance results", CONFORMANCE_COMMAND)
+    summaries = {k: (v or {}).get("summary", "") for k, v in (data.get("designs") or {}).items()}
+    _, _, _, design_of, variants = _conformance_parts(data)
+    names = list(dict.fromkeys([*summaries, *design_of.values()]))
     if not names:
-        return "> No designs yet: add `rfc/designs/<name>.md` and run the conformance suite."
+        return _setup_line(data["setup"], "conformance.json") + "\n\nNo designs in the results file."
     rows = []
     for name in names:
-        link = f"[{name}]({_rel(pages[name], page_dir)})" if name in pages else f"{_code(name)} (no design page yet)"
-        rows.append([link, _cell(summaries.get(name, "")) or "(not in the conformance results yet)"])
-    return _table(["Design", "Summary (from the registry, via conformance.json)"], rows)
+        mine = [v for v in variants if design_of[v] == name]
+        rows.append([_code(name), _cell(summaries.get(name, "")) or "–", ", ".join(_code(v) for v in mine) or "not run"])
+    return _setup_line(data["setup"], "conformance.json") + "\n\n" + _table(
+        ["Design", "Summary (from the registry)", "Variants the suite ran"], rows)
 
 
 # --------------------------------------------------------------------------------------------------- benchmarks
@@ -346,52 +371,77 @@ SCENARIOS = {
     "S2": "Step-level pipelining (the #8316 use case): speed-up",
     "S3": "Overhead: time per batch relative to stock Lightning and a raw PyTorch loop",
     "S4": "Jitter and prefetch depth: efficiency and memory by depth",
+    "S5": "GPU: pinned-memory host-to-device copies against compute",
 }
 COLUMN_LABELS = {
     "design": "Design",
-    "L_ms": "L (ms)",
-    "C_ms": "C (ms)",
-    "R_ms": "R (ms)",
+    "flavour": "flavour",
     "L_over_C": "L/C",
+    "L_target_ms": "L target (ms)",
+    "C_target_ms": "C target (ms)",
+    "L_ms": "L measured (ms)",
+    "C_ms": "C measured (ms)",
+    "R_ms": "R (ms)",
+    "n_batches": "batches",
     "time_per_batch_ms": "time per batch (ms)",
     "t_serial_ms": "T_serial (ms)",
     "t_ideal_ms": "T_ideal (ms)",
     "efficiency": "efficiency",
     "speedup": "speed-up",
+    "speedup_vs_serial": "speed-up vs serial",
     "overhead_vs_regular": "overhead vs stock regular",
     "overhead_vs_raw": "overhead vs raw loop",
     "depth": "depth",
     "peak_rss_mb": "peak RSS (MB)",
     "peak_in_flight": "peak batches in flight",
+    "rounds": "rounds",
 }
+# Known keys first, in this order; any other scalar key follows in the order the rows first use it.
+COLUMN_ORDER = [
+    "design", "flavour", "depth", "L_over_C", "L_target_ms", "C_target_ms", "R_ms", "L_ms", "C_ms",
+    "n_batches", "time_per_batch_ms", "t_serial_ms", "t_ideal_ms", "efficiency", "speedup", "speedup_vs_serial",
+    "overhead_vs_regular", "overhead_vs_raw", "peak_rss_mb", "peak_in_flight",
+]
+HIDDEN_COLUMNS = {"role"}  # shown by marking the design cell instead
 
 
 def _scalar(v: Any) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
+def _is_baseline(row: dict[str, Any]) -> bool:
+    return row.get("role") == "baseline"
+
+
+def _design_cell(row: dict[str, Any]) -> str:
+    text = _code(row.get("design", "?"))
+    return f"{text} *(baseline)*" if _is_baseline(row) else text
+
+
 def _scenario_table(rows: list[dict[str, Any]]) -> str:
-    """Columns from the rows' own keys (first appearance order, ``design`` first), so schema additions show up."""
-    keys: list[str] = ["design"]
+    """Columns from the rows' own keys (known ones in a fixed order, then the rest), so schema additions show up."""
+    seen: list[str] = []
     for row in rows:
         for k, v in row.items():
-            if k not in keys and _scalar(v):
-                keys.append(k)
-    if "L_ms" in keys and "C_ms" in keys and "L_over_C" not in keys:
-        keys.insert(keys.index("C_ms") + 1, "L_over_C")
+            if k not in seen and k not in HIDDEN_COLUMNS and _scalar(v):
+                seen.append(k)
+    if "L_ms" in seen and "C_ms" in seen and "L_over_C" not in seen:
+        seen.append("L_over_C")  # derived below from the measured L and C
+    keys = [k for k in COLUMN_ORDER if k in seen] + [k for k in seen if k not in COLUMN_ORDER]
     body = []
     for row in rows:
         cells = []
         for k in keys:
-            if k == "L_over_C" and "L_over_C" not in row:
-                cells.append(_fmt_number("ratio", _ratio(row)) if _ratio(row) is not None else "–")
-            elif k == "design":
-                cells.append(_code(row.get("design", "?")))
+            if k == "design":
+                cells.append(_design_cell(row))
+            elif k == "L_over_C" and "L_over_C" not in row:
+                cells.append(_fmt_number("ratio", _ratio(row)))
             else:
                 cells.append(_fmt_number(k, row.get(k)))
         body.append(cells)
     headers = [COLUMN_LABELS.get(k, _code(k)) for k in keys]
-    align = ["---"] + ["--:" for _ in keys[1:]]
+    numeric = [k == "L_over_C" or all(_number(r.get(k)) or r.get(k) is None for r in rows) for k in keys]
+    align = ["---"] + ["--:" if n else "---" for n in numeric[1:]]
     return _table(headers, body, align)
 
 
@@ -404,27 +454,69 @@ def _ratio(row: dict[str, Any]) -> float | None:
     return None
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def _target_rule(spec: dict[str, Any]) -> str:
+    metric, compare, threshold = spec.get("metric"), spec.get("compare"), spec.get("threshold")
+    if metric is None or compare is None or threshold is None:
+        return "–"
+    shown = _fmt_number(str(metric), threshold) if _number(threshold) else _cell(threshold)
+    return f"{_code(metric)} {_cell(compare).replace('>=', '≥').replace('<=', '≤')} {shown}"
+
+
+def _target_result_cell(result: dict[str, Any], metric: str) -> str:
+    value = result.get("value")
+    text = _fmt_number(metric, value) if _scalar(value) else _code(json.dumps(value))
+    if _number(result.get("limit")):
+        text += f" (limit {_fmt_number(metric, result['limit'])})"
+    met = result.get("met")
+    return text + (" met" if met is True else " **missed**" if met is False else "")
+
+
 def _targets_table(targets: Any) -> str:
+    """The results file's ``targets``: scenario -> {what, metric, compare, threshold, results: [{design, value, met}]}."""
     if not targets:
         return "No targets recorded in the results file."
     if not isinstance(targets, dict):
         return f"Targets: {_code(json.dumps(targets, sort_keys=True))}"
     rows = []
-    for key, value in targets.items():
-        if isinstance(value, dict):
-            text = "; ".join(f"{k}: {_fmt_number(k, v) if _scalar(v) else _code(json.dumps(v))}" for k, v in value.items())
+    for scenario, spec in targets.items():
+        if not isinstance(spec, dict):
+            rows.append([_cell(scenario), _fmt_number(scenario, spec) if _scalar(spec) else _code(json.dumps(spec)), "–", "–"])
+            continue
+        metric = str(spec.get("metric", ""))
+        results = [r for r in spec.get("results") or [] if isinstance(r, dict)]
+        if results:
+            where = "<br>".join(f"{_code(r.get('design', '?'))}: {_target_result_cell(r, metric)}" for r in results)
+        else:
+            where = _cell(spec.get("note") or "no result")
+        rows.append([_cell(scenario), _cell(spec.get("what", "")), _target_rule(spec), where])
+    return _table(["Scenario", "Target", "Rule", "Where each design stands"], rows)
+
+
+def _notes_table(notes: Any) -> str:
+    if not isinstance(notes, dict) or not notes:
+        return ""
+    rows = []
+    for key, value in notes.items():
+        if isinstance(value, list) and all(_number(v) for v in value):
+            text = ", ".join(_fmt_number(key, v) for v in value)
+        elif isinstance(value, dict):
+            text = "; ".join(f"{k} {_fmt_number(k, v)}" for k, v in value.items() if _scalar(v))
         else:
             text = _fmt_number(key, value) if _scalar(value) else _code(json.dumps(value))
         rows.append([_code(key), text])
-    return _table(["Target", "Value"], rows)
+    return _table(["Run note", "Value"], rows)
 
 
 def _bench_section(inputs: Inputs, kind: str, scenario: str) -> str:
     data = inputs.benchmarks[kind]
-    rows = (data.get("scenarios") or {}).get(scenario)
+    rows = [r for r in (data.get("scenarios") or {}).get(scenario) or [] if isinstance(r, dict)]
     title = SCENARIOS.get(scenario, scenario)
     head = f"**{scenario}: {title}** ({_code('benchmarks-' + kind + '.json')})"
-    setup = _setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json")
+    setup = _bench_setup(data, kind)
     if not rows:
         return f"{head}\n\n{setup}\n\nNo {scenario} rows in this results file."
     return f"{head}\n\n{setup}\n\n{_scenario_table(rows)}"
@@ -441,16 +533,38 @@ def _bench_block(scenario: str) -> Callable[[Inputs, Path], str]:
 
 
 def block_bench_targets(inputs: Inputs, page_dir: Path) -> str:
+    """The benchmark targets and where each design stands against them, per machine kind."""
     if not inputs.benchmarks:
         return _no_results("benchmark results", BENCHMARK_COMMAND)
     out = []
     for kind, data in inputs.benchmarks.items():
         out.append(
             f"**Targets** ({_code('benchmarks-' + kind + '.json')})\n\n"
-            + _setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json")
+            + _bench_setup(data, kind)
             + "\n\n"
             + _targets_table(data.get("targets"))
         )
+    return "\n\n".join(out)
+
+
+def block_bench_other(inputs: Inputs, page_dir: Path) -> str:
+    """Any scenario a results file holds beyond S1-S5, rendered generically."""
+    if not inputs.benchmarks:
+        return _no_results("benchmark results", BENCHMARK_COMMAND)
+    out = [_bench_section(inputs, kind, scenario)
+           for kind, data in inputs.benchmarks.items()
+           for scenario in (data.get("scenarios") or {}) if scenario not in SCENARIOS]
+    return "\n\n".join(out) if out else "None."
+
+
+def block_bench_notes(inputs: Inputs, page_dir: Path) -> str:
+    """The run notes a results file records (mode, sizes, calibration, load average), per machine kind."""
+    if not inputs.benchmarks:
+        return _no_results("benchmark results", BENCHMARK_COMMAND)
+    out = []
+    for kind, data in inputs.benchmarks.items():
+        table = _notes_table(data.get("notes")) or "No run notes recorded."
+        out.append(f"**Run notes** ({_code('benchmarks-' + kind + '.json')})\n\n{_bench_setup(data, kind)}\n\n{table}")
     return "\n\n".join(out)
 
 
@@ -458,18 +572,33 @@ def block_bench_targets(inputs: Inputs, page_dir: Path) -> str:
 
 
 def plot_points(data: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
-    """S1 rows as design -> sorted [(L/C, efficiency)]: exactly what the plot draws (and what its hash covers)."""
+    """S1 design rows as design -> sorted [(L/C, efficiency)]: exactly what the plot draws (and its hash covers)."""
     points: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for row in (data.get("scenarios") or {}).get("S1") or []:
+        if not isinstance(row, dict) or _is_baseline(row):
+            continue
         ratio, eff = _ratio(row), row.get("efficiency")
-        if ratio is None or not isinstance(eff, (int, float)) or isinstance(eff, bool):
+        if ratio is None or not _number(eff):
             continue
         points[str(row.get("design", "?"))].append((round(ratio, 6), round(float(eff), 6)))
     return {d: sorted(p) for d, p in points.items()}
 
 
+def _plot_target(data: dict[str, Any]) -> tuple[float, str] | None:
+    spec = (data.get("targets") or {}).get("S1") if isinstance(data.get("targets"), dict) else None
+    if isinstance(spec, dict) and spec.get("metric") == "efficiency" and _number(spec.get("threshold")):
+        return float(spec["threshold"]), str(spec.get("what") or "S1 target")
+    return None
+
+
 def plot_hash(data: dict[str, Any]) -> str:
-    payload = {"version": PLOT_VERSION, "points": plot_points(data), "targets": data.get("targets")}
+    setup = data.get("setup") or {}
+    payload = {
+        "version": PLOT_VERSION,
+        "points": plot_points(data),
+        "target": _plot_target(data),
+        "title": [setup.get("machine"), setup.get("git_commit")],
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -485,27 +614,29 @@ def draw_plot(data: dict[str, Any], kind: str, path: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
     points = plot_points(data)
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=110)
     ratios = sorted({r for p in points.values() for r, _ in p})
     for design, pts in points.items():
         ax.plot([r for r, _ in pts], [e for _, e in pts], marker="o", label=design)
-    ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ideal: max(L, C)")
-    ax.axhline(0.0, color="0.3", linestyle=":", linewidth=1, label="serial: L + C")
+    ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ideal overlap: T = max(L, C)")
+    ax.axhline(0.0, color="0.3", linestyle=":", linewidth=1, label="no overlap: T = L + C")
+    target = _plot_target(data)
+    if target is not None:
+        ax.axhline(target[0], color="tab:red", linestyle="-.", linewidth=1, label=f"target {target[0]:g}: {target[1]}")
     ax.set_xscale("log", base=2)
     if ratios:
         ax.set_xticks(ratios)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
-    ax.set_xlabel("L / C (load time per batch / compute time per batch)")
-    ax.set_ylabel("overlap efficiency  (T_serial - T) / (T_serial - T_ideal)")
+    ax.set_xlabel("L / C  (load time per batch / compute time per batch)")
+    ax.set_ylabel("overlap efficiency\n(T_serial - T) / (T_serial - T_ideal)")
     setup = data.get("setup") or {}
     ax.set_title(
-        f"S1 efficiency per design ({kind}: {setup.get('machine', '?')}, "
-        f"commit {str(setup.get('git_commit', '?'))[:12]})",
-        fontsize=9,
+        f"S1 efficiency per design, {setup.get('machine', kind)}\ncommit {str(setup.get('git_commit', '?'))[:12]}",
+        fontsize=8,
     )
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata={"Software": None})
@@ -513,16 +644,17 @@ def draw_plot(data: dict[str, Any], kind: str, path: Path) -> None:
 
 
 def block_plot_efficiency(inputs: Inputs, page_dir: Path) -> str:
+    """The plot of S1 efficiency against L/C per design, one per machine kind (PNG under generated/)."""
     if not inputs.benchmarks:
         return _no_results("benchmark results", BENCHMARK_COMMAND)
     out = []
     for kind, data in inputs.benchmarks.items():
         name = plot_file(kind)
         if not plot_points(data):
-            out.append(f"No S1 rows with L, C and efficiency in {_code('benchmarks-' + kind + '.json')}: no plot.")
+            out.append(f"No S1 design rows with L/C and efficiency in {_code('benchmarks-' + kind + '.json')}: no plot.")
             continue
         out.append(
-            _setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json")
+            _bench_setup(data, kind)
             + "\n\n"
             + f"![Overlap efficiency against L/C per design ({kind})]({_rel(inputs.out_dir / name, page_dir)})\n"
             + f"<!-- plot {name} data-sha256={plot_hash(data)} -->"
@@ -533,62 +665,44 @@ def block_plot_efficiency(inputs: Inputs, page_dir: Path) -> str:
 # --------------------------------------------------------------------------------------------------- standing
 
 
-def _target_number(targets: Any, scenario: str, *words: str) -> float | None:
-    """Best-effort: a numeric target whose key starts with the scenario id (and mentions ``words``)."""
-    if not isinstance(targets, dict):
-        return None
-    for key, value in targets.items():
-        k = key.lower()
-        if not k.startswith(scenario.lower()) or not all(w in k for w in words):
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, dict):
-            for field_name in ("min", "max", "value", "target", "threshold"):
-                v = value.get(field_name)
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    return float(v)
-    return None
-
-
 def _bench_design_of(row_design: str) -> str:
     return row_design.split("[", 1)[0]
 
 
 def block_standing(inputs: Inputs, page_dir: Path) -> str:
-    """Where each design stands: conformance per clause and the headline benchmark figures."""
-    parts = []
+    """Where each design stands: clauses met, expected failures, failures, and each benchmark target."""
     names: list[str] = []
     if inputs.conformance:
-        names += list((inputs.conformance.get("designs") or {}))
+        names += list(inputs.conformance.get("designs") or {})
         names += [r["design"] for r in inputs.conformance["results"]]
-    for data in inputs.benchmarks.values():
-        for rows in (data.get("scenarios") or {}).values():
-            names += [_bench_design_of(str(r.get("design", "?"))) for r in rows or []]
+    target_cols: list[tuple[str, str, dict[str, Any]]] = []  # (header, kind, spec)
+    for kind, data in inputs.benchmarks.items():
+        targets = data.get("targets") if isinstance(data.get("targets"), dict) else {}
+        for scenario, spec in targets.items():
+            if isinstance(spec, dict):
+                suffix = f" [{kind}]" if len(inputs.benchmarks) > 1 else ""
+                target_cols.append((f"{scenario}: {_target_rule(spec)}{suffix}", kind, spec))
+                names += [_bench_design_of(str(r.get("design", "?"))) for r in spec.get("results") or []
+                          if isinstance(r, dict)]
     names = list(dict.fromkeys(names))
     if not names:
-        return (
-            _no_results("conformance results", CONFORMANCE_COMMAND)
-            + "\n\n"
-            + _no_results("benchmark results", BENCHMARK_COMMAND)
-        )
+        return (_no_results("conformance results", CONFORMANCE_COMMAND) + "\n\n"
+                + _no_results("benchmark results", BENCHMARK_COMMAND))
 
-    headers = ["Design"]
+    parts, headers = [], ["Design"]
     conf = None
     if inputs.conformance:
         parts.append(_setup_line(inputs.conformance["setup"], "conformance.json"))
-        clauses, ordered, counts, design_of, variants = _conformance_parts(inputs.conformance)
+        _, ordered, counts, design_of, variants = _conformance_parts(inputs.conformance)
         conf = (ordered, counts, design_of, variants)
-        headers += ["clauses met (all variants)", "expected failures", "failures"]
+        headers += ["clauses met (every variant passes)", "expected failures", "failures"]
     else:
         parts.append(_no_results("conformance results", CONFORMANCE_COMMAND))
-    bench_cols: list[tuple[str, str, Callable[[str], str]]] = []
-    for kind, data in inputs.benchmarks.items():
-        parts.append(_setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json"))
-        bench_cols += _standing_bench_columns(kind, data)
-    if not inputs.benchmarks:
+    if inputs.benchmarks:
+        parts += [_bench_setup(data, kind) for kind, data in inputs.benchmarks.items()]
+    else:
         parts.append(_no_results("benchmark results", BENCHMARK_COMMAND))
-    headers += [h for h, _, _ in bench_cols]
+    headers += [h for h, _, _ in target_cols]
 
     rows = []
     for name in names:
@@ -602,87 +716,26 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
             fl = sum(counts[v][c][FAIL] for v in mine for c in ordered)
             if mine:
                 missed = [c for c in tested if c not in met]
-                row += [
-                    f"{len(met)} of {len(tested)}" + (f" (not: {', '.join(missed)})" if missed else ""),
-                    str(xf),
-                    f"**{fl}**" if fl else "0",
-                ]
+                row += [f"{len(met)} of {len(tested)}" + (f" (not {', '.join(missed)})" if missed else ""),
+                        str(xf), f"**{fl}**" if fl else "0"]
             else:
                 row += ["not run", "–", "–"]
-        row += [fn(name) for _, _, fn in bench_cols]
+        for _, _, spec in target_cols:
+            mine = [r for r in spec.get("results") or []
+                    if isinstance(r, dict) and _bench_design_of(str(r.get("design", ""))) == name]
+            if not mine:
+                row.append("–")
+                continue
+            metric = str(spec.get("metric", ""))
+            row.append("<br>".join(
+                (f"{_code(r.get('design'))}: " if len(mine) > 1 or r.get("design") != name else "")
+                + _target_result_cell(r, metric) for r in mine))
         rows.append(row)
-    legend = (
-        "Benchmark columns show the median figure from the results file; where the file records a target, "
-        "the cell says whether the figure meets it. Details: the conformance matrix and the benchmark tables."
-    )
+    legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). A target "
+              "cell shows the recorded median and whether it meets the rule in the header; \"–\" means the target "
+              "does not apply to that design or was not measured. Details: the conformance matrix and the "
+              "benchmark tables.")
     return "\n\n".join(parts + [_table(headers, rows), legend])
-
-
-def _standing_bench_columns(kind: str, data: dict[str, Any]) -> list[tuple[str, str, Callable[[str], str]]]:
-    scen = data.get("scenarios") or {}
-    targets = data.get("targets")
-    cols: list[tuple[str, str, Callable[[str], str]]] = []
-    suffix = f" [{kind}]" if kind != "python" else ""
-
-    def rows_of(s: str, design: str) -> list[dict[str, Any]]:
-        return [r for r in scen.get(s) or [] if _bench_design_of(str(r.get("design", ""))) == design]
-
-    def verdict(value: float, target: float | None, higher_is_better: bool) -> str:
-        if target is None:
-            return ""
-        ok = value >= target if higher_is_better else value <= target
-        return " (meets target)" if ok else " (**misses target**)"
-
-    if scen.get("S1"):
-        t = _target_number(targets, "S1", "eff")
-
-        def s1(design: str) -> str:
-            rows = [r for r in rows_of("S1", design) if _ratio(r) is not None and abs(_ratio(r) - 1.0) < 1e-9]
-            vals = [(str(r.get("design")), r.get("efficiency")) for r in rows if isinstance(r.get("efficiency"), (int, float))]
-            if not vals:
-                return "–"
-            best_name, best = max(vals, key=lambda x: x[1])
-            label = f" ({_code(best_name)})" if len(vals) > 1 else ""
-            return f"{_fmt_number('efficiency', best)}{label}{verdict(best, t, True)}"
-
-        cols.append((f"S1 efficiency at L = C{suffix}", "S1", s1))
-    if scen.get("S2"):
-        t = _target_number(targets, "S2")
-
-        def s2(design: str) -> str:
-            vals = [r.get("speedup") for r in rows_of("S2", design) if isinstance(r.get("speedup"), (int, float))]
-            if not vals:
-                return "–"
-            worst = min(vals)
-            return f"{_fmt_number('speedup', worst)}{verdict(worst, t, True)}"
-
-        cols.append((f"S2 speed-up{suffix}", "S2", s2))
-    if scen.get("S3"):
-        t = _target_number(targets, "S3")
-
-        def s3(design: str) -> str:
-            vals = [r.get("overhead_vs_regular") for r in rows_of("S3", design)
-                    if isinstance(r.get("overhead_vs_regular"), (int, float))]
-            if not vals:
-                return "–"
-            worst = max(vals)
-            return f"{_fmt_number('overhead', worst)}{verdict(worst, t, False)}"
-
-        cols.append((f"S3 overhead vs stock regular{suffix}", "S3", s3))
-    if scen.get("S4"):
-
-        def s4(design: str) -> str:
-            rows = [r for r in rows_of("S4", design)
-                    if isinstance(r.get("depth"), int) and isinstance(r.get("peak_in_flight"), (int, float))]
-            if not rows:
-                return "–"
-            over = [r for r in rows if r["peak_in_flight"] > r["depth"] + 1]
-            worst = max(rows, key=lambda r: r["peak_in_flight"] - r["depth"])
-            head = f"max in flight − depth: {_fmt_number('peak_in_flight', worst['peak_in_flight'] - worst['depth'])}"
-            return head + (" (**above depth + 1**)" if over else " (within depth + 1)")
-
-        cols.append((f"S4 bound on batches in flight{suffix}", "S4", s4))
-    return cols
 
 
 # --------------------------------------------------------------------------------------------------- registry
@@ -698,6 +751,9 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "bench-s2": _bench_block("S2"),
     "bench-s3": _bench_block("S3"),
     "bench-s4": _bench_block("S4"),
+    "bench-s5": _bench_block("S5"),
+    "bench-other": block_bench_other,
+    "bench-notes": block_bench_notes,
     "plot-efficiency": block_plot_efficiency,
 }
 
@@ -735,6 +791,9 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         ("S2: step-level pipelining speed-up", "bench-s2"),
         ("S3: overhead", "bench-s3"),
         ("S4: memory by prefetch depth", "bench-s4"),
+        ("S5: GPU copies against compute", "bench-s5"),
+        ("Other scenarios", "bench-other"),
+        ("Run notes", "bench-notes"),
     ]
     benchmarks = page(
         "Benchmarks",

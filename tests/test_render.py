@@ -78,7 +78,9 @@ def benchmarks(beta_efficiency: float = 0.9) -> dict:
                            t_serial_ms=serial, t_ideal_ms=ideal, efficiency=eff))
     return {
         "schema": 1, "setup": _setup(cpu_count=2, torch_threads=1),
-        "targets": {"S1_efficiency_min": 0.95},
+        "targets": {"S1": {"what": "beta's efficiency at L = C", "metric": "efficiency", "compare": ">=",
+                           "threshold": 0.95, "results": [dict(design="beta", value=beta_efficiency,
+                                                               met=beta_efficiency >= 0.95)]}},
         "scenarios": {
             "S1": s1,
             "S2": [dict(design="alpha", speedup=1.2), dict(design="beta", speedup=1.7)],
@@ -90,11 +92,9 @@ def benchmarks(beta_efficiency: float = 0.9) -> dict:
 
 @pytest.fixture
 def rfc(tmp_path: Path) -> Path:
-    """A temporary RFC directory: one hand-written page with markers, results, one design page."""
+    """A temporary RFC directory: one hand-written page with markers, and results."""
     root = tmp_path / "rfc"
     (root / "results").mkdir(parents=True)
-    (root / "designs").mkdir()
-    (root / "designs" / "beta.md").write_text("# beta\n")
     (root / "page.md").write_text(PAGE)
     write_results(root, conformance(), benchmarks())
     return root
@@ -162,7 +162,7 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
     assert "| `beta[depth=2]` | 2 / 0 / 0 | 2 / 0 / 0 | **1 / 0 / 1** | **5 / 0 / 1** |" in matrix
     assert "| C3 | `test_c3.py::test_1` | failed |" in matrix
     bench = (rfc / "generated" / "benchmarks.md").read_text()
-    assert bench != before_bench and "| `beta` | 10.0 | 10.0 | 1.00 | 15.0 |" in bench
+    assert bench != before_bench and "| `beta` | 1.00 | 10.0 | 10.0 | 15.0 |" in bench
     assert (rfc / "page.md").read_text() != before_page
     assert png.read_bytes() != png_before  # plot data changed: redrawn
     assert run(rfc, "--check").returncode == 0
