@@ -1,0 +1,278 @@
+"""The conformance harness as a pytest plugin (loaded with ``-p tests.conformance.plugin`` from pyproject).
+
+- ``--impl NAME[,NAME]`` selects designs (default: every registered design with each of its suite variants;
+  ``--impl 'prefetcher[depth=4]'`` selects one variant). Conformance tests take a ``design`` argument and are
+  parametrized over the selection.
+- Every conformance test carries ``@pytest.mark.clause("Cn")``; results aggregate per clause.
+- ``expected_failures/<design>.txt`` lists, per design, ``<file>::<test>[<params>]  # <reason>``. Entries
+  become strict xfails; an entry that matches no collected test is an error.
+- At the end, a design x clause matrix of passed / expected-fail / failed; ``--results PATH`` writes JSON.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import re
+import subprocess
+from collections import Counter, defaultdict
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
+# The `design` fixture is an immutable registry entry, so sharing it across examples is safe.
+_COMMON = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+settings.register_profile("default", max_examples=12, derandomize=True, **_COMMON)
+settings.register_profile("thorough", max_examples=200, **_COMMON)
+settings.load_profile("default")
+
+SUITE_DIR = Path(__file__).parent
+EXPECTED_FAILURES_DIR = SUITE_DIR / "expected_failures"
+
+CLAUSES = {
+    "C1": "Selection",
+    "C2": "Items",
+    "C3": "Exactly once, in order",
+    "C4": "Device and transfer hooks",
+    "C5": "End of data",
+    "C6": "Progress counts batches",
+    "C7": "Limits",
+    "C8": "Hooks",
+    "C9": "Optimisation",
+    "C10": "Logging",
+    "C11": "Exactly-once resume",
+    "C12": "Errors surface",
+    "C13": "Interrupts and early stops",
+    "C14": "Misuse",
+    "C15": "Evaluation steps",
+    "C16": "Distributed",
+}
+OUTCOMES = ("passed", "xfailed", "failed")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("conformance")
+    group.addoption("--impl", default=None, help="designs to check: NAME[,NAME], e.g. upstream,'prefetcher[depth=4]'")
+    group.addoption("--results", default=None, metavar="PATH", help="write the conformance outcomes as JSON")
+
+
+# ------------------------------------------------------------------------------------------------ selection
+def _split_top_level(spec: str) -> list[str]:
+    """Split on commas outside brackets: ``a,b[x=1,y=2]`` -> ``["a", "b[x=1,y=2]"]``."""
+    return [part.strip() for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec) if part.strip()]
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip("'\"")
+
+
+def select_designs(spec: str | None) -> list:
+    from prototypes import IMPLEMENTATIONS
+
+    if not spec:
+        return [v for d in IMPLEMENTATIONS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
+    selected = []
+    for part in _split_top_level(spec):
+        match = re.fullmatch(r"(\w+)(?:\[(.*)\])?", part)
+        name = match.group(1) if match else part
+        if name not in IMPLEMENTATIONS:
+            raise pytest.UsageError(
+                f"--impl: unknown design {name!r}; valid names: {', '.join(sorted(IMPLEMENTATIONS))}"
+            )
+        design = IMPLEMENTATIONS[name]
+        if match and match.group(2) is not None:
+            options = dict(kv.split("=", 1) for kv in match.group(2).split(",") if kv)
+            try:
+                selected.append(design.variant(**{k.strip(): _parse_value(v) for k, v in options.items()}))
+            except TypeError as error:
+                raise pytest.UsageError(f"--impl {part}: {error}") from None
+        else:
+            selected.extend([design, *(design.variant(**o) for o in design.suite_variants)])
+    return selected
+
+
+def _is_conformance(path: Path) -> bool:
+    return SUITE_DIR in Path(path).parents
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    state = _State(designs=select_designs(config.getoption("--impl")))
+    config.stash[_STATE] = state
+    config.pluginmanager.register(state, "conformance-outcomes")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "design" in metafunc.fixturenames and _is_conformance(metafunc.definition.path):
+        designs = metafunc.config.stash[_STATE].designs
+        metafunc.parametrize("design", designs, ids=[d.id for d in designs])
+
+
+# ------------------------------------------------------------------------------------------------ expected failures
+def contract_id(item: pytest.Item) -> str:
+    """``<file>::<test>[<params without the design>]``: the same id for every design."""
+    design = item.callspec.params["design"]
+    others = item.callspec.id.split("-")
+    others.remove(design.id)
+    params = f"[{'-'.join(others)}]" if others else ""
+    return f"{item.path.name}::{item.originalname}{params}"
+
+
+def load_expected_failures(design_name: str) -> dict[str, tuple[str, int]]:
+    """``{contract id: (reason, line number)}`` from the design's file; a line without a reason is an error."""
+    path = EXPECTED_FAILURES_DIR / f"{design_name}.txt"
+    if not path.exists():
+        return {}
+    entries = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        test_id, _, reason = line.partition(" #")
+        if not reason.strip():
+            raise pytest.UsageError(f"{path}:{number}: expected failure {test_id.strip()!r} gives no reason")
+        entries[test_id.strip()] = (reason.strip(), number)
+    return entries
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tryfirst: see every collected test before -k / -m deselect some, so "matches no test" is judged fairly.
+    state = config.stash[_STATE]
+    collected_files: set[str] = set()
+    matched: dict[str, set[str]] = defaultdict(set)
+    expected = {d.name: load_expected_failures(d.name) for d in state.designs}
+    for item in items:
+        if not _is_conformance(item.path) or not hasattr(item, "callspec") or "design" not in item.callspec.params:
+            continue
+        clause = item.get_closest_marker("clause")
+        if clause is None or clause.args[0] not in CLAUSES:
+            raise pytest.UsageError(f"{item.nodeid}: every conformance test needs @pytest.mark.clause('C1'..'C16')")
+        design = item.callspec.params["design"]
+        cid = contract_id(item)
+        collected_files.add(item.path.name)
+        entry = expected[design.name].get(cid)
+        if entry is not None:
+            matched[design.name].add(cid)
+            item.add_marker(pytest.mark.xfail(reason=entry[0], strict=True))
+        state.tests[item.nodeid] = dict(
+            design=design.name, variant=design.id, test_id=cid, clause=clause.args[0],
+            reason=entry[0] if entry else "",
+        )
+    for name, entries in expected.items():
+        stale = [
+            f"  {EXPECTED_FAILURES_DIR / (name + '.txt')}:{line}: {cid}"
+            for cid, (_, line) in entries.items()
+            if cid.split("::")[0] in collected_files and cid not in matched[name]
+        ]
+        if stale:
+            raise pytest.UsageError("expected failures that match no test (fix or delete them):\n" + "\n".join(stale))
+
+
+# ------------------------------------------------------------------------------------------------ outcomes
+class _State:
+    """Selected designs, what each conformance test is, and how it ended (registered as a plugin object)."""
+
+    def __init__(self, designs: list) -> None:
+        self.designs = designs
+        self.tests: dict[str, dict] = {}
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid not in self.tests or (report.when != "call" and report.passed):
+            return
+        if hasattr(report, "wasxfail"):
+            outcome = "xfailed" if report.skipped else "xpassed"
+        elif report.when != "call" and report.failed:
+            outcome = "error"
+        else:
+            outcome = report.outcome
+        # a failing teardown must not hide behind a passing call
+        if self.outcomes.get(report.nodeid) in (None, "passed", "xfailed"):
+            self.outcomes[report.nodeid] = outcome
+
+
+_STATE = pytest.StashKey[_State]()
+
+
+def matrix(state: _State) -> dict[str, dict[str, Counter]]:
+    table: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for nodeid, test in state.tests.items():
+        outcome = state.outcomes.get(nodeid)
+        if outcome is None:
+            continue
+        bucket = outcome if outcome in OUTCOMES else ("skipped" if outcome == "skipped" else "failed")
+        table[test["variant"]][test["clause"]][bucket] += 1
+    return table
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    state = config.stash[_STATE]
+    table = matrix(state)
+    if not table:
+        return
+    clauses = [c for c in CLAUSES if any(c in row for row in table.values())]
+    width = max(len(v) for v in table) + 2
+    write = terminalreporter.write_line
+    terminalreporter.section("conformance matrix: passed/expected-fail/failed per clause")
+    from prototypes import IMPLEMENTATIONS
+
+    for name in sorted({t["design"] for t in state.tests.values()}):
+        write(f"  {name}: {IMPLEMENTATIONS[name].summary}")
+    write("".ljust(width) + "".join(c.rjust(10) for c in clauses) + "     total")
+    for variant in sorted(table):
+        row, total = table[variant], Counter()
+        cells = []
+        for clause in clauses:
+            counts = row.get(clause, Counter())
+            total.update(counts)
+            cells.append(f"{counts['passed']}/{counts['xfailed']}/{counts['failed']}".rjust(10) if counts else "-".rjust(10))
+        flag = "  FAIL" if total["failed"] else ""
+        write(variant.ljust(width) + "".join(cells) + f"{total['passed']}/{total['xfailed']}/{total['failed']}".rjust(10) + flag)
+
+    results_path = config.getoption("--results")
+    if results_path:
+        write_results(Path(results_path), state)
+        write(f"conformance results written to {results_path}")
+
+
+def _git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+        return commit + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_results(path: Path, state: _State) -> None:
+    from prototypes import IMPLEMENTATIONS
+
+    results = [
+        dict(test, outcome=state.outcomes[nodeid])
+        for nodeid, test in sorted(state.tests.items(), key=lambda kv: (kv[1]["variant"], kv[1]["test_id"]))
+        if nodeid in state.outcomes
+    ]
+    names = sorted({r["design"] for r in results})
+    payload = dict(
+        schema=1,
+        setup=dict(
+            machine=f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} CPUs",
+            python=platform.python_version(),
+            torch=version("torch"),
+            pytorch_lightning=version("pytorch-lightning"),
+            torchdata=version("torchdata"),
+            git_commit=_git_commit(),
+            generated_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        ),
+        clauses=CLAUSES,
+        designs={name: dict(summary=IMPLEMENTATIONS[name].summary) for name in names},
+        results=results,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")

@@ -1,0 +1,82 @@
+"""C7 Limits: limits count batches, ``max_steps`` counts optimizer steps, validation intervals count batches."""
+
+import pytest
+
+from tests.conformance.harness import (
+    KINDS,
+    IterStepModule,
+    assert_same_batches,
+    loader_sequence,
+    make_loader,
+    make_trainer,
+    split_by_pattern,
+)
+
+pytestmark = pytest.mark.clause("C7")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("limit", [1, 3])
+@pytest.mark.parametrize("pattern", [(2,), (3,)], ids=str)
+def test_limit_train_batches_delivers_exactly_n_batches(design, kind, limit, pattern):
+    module = IterStepModule(pattern)
+    make_trainer(design, limit_train_batches=limit, max_epochs=2).fit(module, make_loader(kind))
+    expected = loader_sequence(make_loader(kind))[:limit]
+    epochs = module.record.received_in_epochs()
+    assert len(epochs) == 2
+    for epoch in epochs:
+        assert_same_batches([batch for batch, _ in epoch], expected)
+
+
+@pytest.mark.parametrize("pattern", [(1,), (3,)], ids=str)
+def test_limit_train_batches_fraction(design, pattern):
+    module = IterStepModule(pattern)
+    make_trainer(design, limit_train_batches=0.5).fit(module, make_loader("sized", n_items=16))
+    assert_same_batches(module.record.received, loader_sequence(make_loader("sized", n_items=16))[:4])
+
+
+@pytest.mark.parametrize("pattern", [(2,), (1, 2)], ids=str)
+def test_max_steps_counts_optimizer_steps(design, pattern):
+    module = IterStepModule(pattern)
+    trainer = make_trainer(design, max_steps=3, max_epochs=5)
+    trainer.fit(module, make_loader("sized", n_items=16))
+    assert trainer.global_step == module.optimizer_steps_taken() == 3
+    expected = [b for group in split_by_pattern(loader_sequence(make_loader("sized", n_items=16)), pattern)[:3] for b in group]
+    assert_same_batches(module.record.received, expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_max_epochs_restarts_the_iterator(design, kind):
+    module = IterStepModule((2,))
+    make_trainer(design, max_epochs=3).fit(module, make_loader(kind))
+    expected = [(batch, index) for index, batch in enumerate(loader_sequence(make_loader(kind)))]
+    assert module.record.received_in_epochs() == [expected] * 3
+
+
+def expected_validations(pattern, n_batches, interval, epochs):
+    """(epoch, batches consumed in the epoch) at each step boundary that reaches a multiple of ``interval``."""
+    points = []
+    for epoch in range(epochs):
+        boundary = 0
+        for group in split_by_pattern(range(n_batches), pattern):
+            previous, boundary = boundary, boundary + len(group)
+            if boundary // interval > previous // interval:
+                points.append((epoch, boundary))
+    return points
+
+
+@pytest.mark.parametrize("interval", [2, 3])
+@pytest.mark.parametrize("pattern", [(1,), (2,), (3,), (1, 2)], ids=str)
+def test_val_check_interval_counts_batches(design, interval, pattern):
+    module = IterStepModule(pattern)
+    trainer = make_trainer(design, val_check_interval=interval, limit_val_batches=1, max_epochs=2)
+    trainer.fit(module, make_loader("sized", n_items=16), make_loader("sized", n_items=2))
+    assert module.record.validations == expected_validations(pattern, 8, interval, epochs=2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_val_every_n_epoch_validates_at_epoch_end(design, kind):
+    module = IterStepModule((2,))
+    trainer = make_trainer(design, check_val_every_n_epoch=2, limit_val_batches=1, max_epochs=4)
+    trainer.fit(module, make_loader(kind, n_items=16), make_loader("sized", n_items=2))
+    assert module.record.validations == [(1, 8), (3, 8)]
