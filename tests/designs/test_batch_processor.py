@@ -1,0 +1,352 @@
+"""What the conformance suite cannot see of ``batch_processor``: the look-ahead, the step iterator, misuse errors.
+
+The first part drives :class:`LookAhead` and :class:`StepIterator` with plain callables (no Trainer) so each edge
+case is visible; the second runs a real Trainer and DataLoader and observes from inside the user's code.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+from prototypes import IMPLEMENTATIONS
+from prototypes.batch_processor import IteratorTrainingEpochLoop, LookAhead, StepIterator
+from tests.conformance.harness import (
+    QUIET,
+    IterStepModule,
+    RegularStepModule,
+    SizedItems,
+    loader_sequence,
+    make_loader,
+    reference_weights,
+    split_by_pattern,
+)
+
+DESIGN = IMPLEMENTATIONS["batch_processor"]
+
+
+def trainer(**overrides):
+    return DESIGN.trainer(**{**QUIET, **overrides})
+
+
+# ------------------------------------------------------------------------------------- look-ahead, no Trainer
+class Source:
+    """``fetch``/``transfer`` callables over ``n`` items that log every call, as the loop would drive them."""
+
+    def __init__(self, n: int, fail_at: int | None = None) -> None:
+        self.n, self.fail_at = n, fail_at
+        self.fetched: list[int] = []
+        self.stop_iterations = 0
+        self.transferred: list[int] = []
+
+    def fetch(self):
+        index = len(self.fetched)
+        if index == self.n:
+            self.stop_iterations += 1
+            raise StopIteration
+        self.fetched.append(index)
+        if index == self.fail_at:
+            raise KeyError(f"item {index} is corrupt")
+        return f"raw{index}", index, 0
+
+    def transfer(self, batch: str) -> str:
+        self.transferred.append(int(batch.removeprefix("raw")))
+        return batch.replace("raw", "dev")
+
+    def look_ahead(self) -> LookAhead:
+        return LookAhead(self.fetch, self.transfer)
+
+
+def test_look_ahead_holds_exactly_one_batch_and_stops_fetching_once_exhausted():
+    source = Source(3)
+    batches = source.look_ahead()
+    assert source.fetched == [0] and not batches.exhausted
+    taken = []
+    for expected_fetched in ([0, 1], [0, 1, 2], [0, 1, 2]):
+        taken.append(batches.take())
+        assert source.fetched == expected_fetched
+    assert taken == [("dev0", 0, 0), ("dev1", 1, 0), ("dev2", 2, 0)]
+    assert batches.exhausted
+    for _ in range(3):  # asking again never calls fetch again: an exhausted loader may hang on next()
+        with pytest.raises(StopIteration):
+            batches.take()
+    assert source.stop_iterations == 1
+
+
+def test_exhausted_is_exact_right_after_the_last_batch_is_taken():
+    source = Source(2)
+    batches = source.look_ahead()
+    batches.take()
+    assert not batches.exhausted
+    batches.take()
+    assert batches.exhausted
+
+
+def test_an_empty_source_is_exhausted_before_anything_is_taken():
+    source = Source(0)
+    batches = source.look_ahead()
+    assert batches.exhausted
+    with pytest.raises(StopIteration):
+        batches.peek()
+    assert source.transferred == []
+
+
+def test_transfer_runs_once_per_batch_and_only_when_the_batch_is_needed():
+    source = Source(3)
+    batches = source.look_ahead()
+    assert source.transferred == [], "fetching ahead must not transfer ahead"
+    assert batches.peek() == batches.peek() == ("dev0", 0, 0)
+    assert source.transferred == [0], "peeking twice transfers once"
+    assert batches.take() == ("dev0", 0, 0)
+    assert source.transferred == [0], "a peeked batch is not transferred again when taken"
+    batches.take()
+    assert source.transferred == [0, 1]
+    assert source.fetched == [0, 1, 2], "batch 2 was fetched ahead but not transferred"
+
+
+def test_a_fetch_error_surfaces_at_the_batch_it_belongs_to_with_its_type():
+    source = Source(5, fail_at=2)
+    batches = source.look_ahead()
+    assert batches.take()[1] == 0
+    assert batches.take()[1] == 1, "fetching batch 2 failed, but batch 1 was fetched fine and is handed out"
+    with pytest.raises(KeyError, match="item 2 is corrupt") as raised:
+        batches.peek()
+    assert any(frame.name == "fetch" for frame in raised.traceback), "the original traceback is kept"
+    assert not batches.exhausted, "a failed fetch is not the end of the data"
+
+
+def test_step_iterator_hands_out_through_the_loop_and_refuses_use_after_close():
+    source = Source(3)
+    batches = source.look_ahead()
+    step_iter = StepIterator(batches.take, batches)
+    assert next(step_iter) == ("dev0", 0, 0)
+    assert list(itertools.islice(step_iter, 1)) == [("dev1", 1, 0)]
+    assert not step_iter.done
+    step_iter.close()
+    with pytest.raises(RuntimeError, match=r"only inside the step that received it.*keep the batch, not the iterator"):
+        next(step_iter)
+    assert source.fetched == [0, 1, 2] and len(source.transferred) == 2, "a refused next() takes nothing"
+
+
+def test_step_iterator_done_and_stop_iteration_at_the_end():
+    source = Source(1)
+    batches = source.look_ahead()
+    step_iter = StepIterator(batches.take, batches)
+    assert [b for b, _, _ in step_iter] == ["dev0"], "a for loop over the iterator ends cleanly"
+    assert step_iter.done
+    with pytest.raises(StopIteration):
+        next(step_iter)
+
+
+# ------------------------------------------------------------------------------------- with a real Trainer
+def test_trainer_carries_the_design_loop():
+    assert isinstance(trainer().fit_loop.epoch_loop, IteratorTrainingEpochLoop)
+
+
+class FetchLoggingItems(SizedItems):
+    """Sized items that log when the DataLoader (``num_workers=0``) fetches them."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.fetched: list[int] = []
+
+    def __getitem__(self, i: int):
+        self.fetched.append(i)
+        return super().__getitem__(i)
+
+
+class AheadProbe(IterStepModule):
+    """Notes, at every ``next()``, how far fetching and transferring ran ahead of what the step received."""
+
+    def __init__(self, dataset: FetchLoggingItems) -> None:
+        super().__init__((2,))
+        self.dataset = dataset
+        self.transfers = self.received = 0
+        self.ahead: list[tuple[int, int]] = []  # (batches fetched, batches transferred) minus batches received
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.transfers += 1
+        return batch
+
+    def training_step(self, dataloader_iter):
+        batches = []
+        for _ in range(2):
+            batches.append(next(dataloader_iter)[0])
+            self.received += 1
+            self.ahead.append((len(self.dataset.fetched) // 2 - self.received, self.transfers - self.received))
+        return self.loss_of(batches)
+
+
+def test_fetching_runs_one_batch_ahead_and_transfer_none():
+    dataset = FetchLoggingItems(16)
+    module = AheadProbe(dataset)
+    trainer().fit(module, DataLoader(dataset, batch_size=2))
+    assert len(module.ahead) == 8
+    # one fetched ahead while batches remain, none after the last; never transferred ahead of the step
+    assert module.ahead == [(1, 0)] * 7 + [(0, 0)]
+    assert dataset.fetched == list(range(16)), "every item fetched exactly once"
+
+
+def test_fetches_are_profiled_once_per_batch():
+    module = IterStepModule((2,))
+    fitted = trainer(profiler="simple")
+    fitted.fit(module, make_loader("sized", n_items=16))
+    durations = fitted.profiler.recorded_durations["[IteratorTrainingEpochLoop].train_dataloader_next"]
+    assert len(durations) == 8
+
+
+class Keeper(IterStepModule):
+    """Keeps the first step's iterator and calls ``next()`` on it in the second step."""
+
+    def training_step(self, dataloader_iter):
+        if self.step_calls == 1:
+            next(self.kept)
+        self.kept = dataloader_iter
+        return super().training_step(dataloader_iter)
+
+
+@pytest.mark.timeout(30)
+def test_iterator_used_after_its_step_returned_is_a_clear_error():
+    module = Keeper((1,))
+    with pytest.raises(RuntimeError, match="used after the training_step that received it returned"):
+        trainer().fit(module, make_loader("sized", n_items=8))
+    assert module.record.received == [(0, 1)], "the refused next() took no batch"
+
+
+class ForeignStop(IterStepModule):
+    def training_step(self, dataloader_iter):
+        if self.step_calls == 1:
+            next(iter([]))  # the user's own exhausted iterator, not dataloader_iter
+        return super().training_step(dataloader_iter)
+
+
+@pytest.mark.timeout(30)
+def test_stop_iteration_not_from_dataloader_iter_is_an_error_not_a_silent_epoch_end():
+    with pytest.raises(RuntimeError, match="did not come from dataloader_iter"):
+        trainer().fit(ForeignStop((1,)), make_loader("sized", n_items=8))
+
+
+class LBFGSModule(IterStepModule):
+    def configure_optimizers(self):
+        return torch.optim.LBFGS(self.parameters(), lr=0.1, max_iter=3)
+
+
+@pytest.mark.timeout(30)
+def test_an_optimizer_that_reevaluates_its_closure_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="evaluated its closure more than once.*manual optimisation"):
+        trainer().fit(LBFGSModule((1,)), make_loader("sized", n_items=8))
+
+
+class FailingItems(SizedItems):
+    def __getitem__(self, i: int):
+        if i == 10:
+            raise ValueError("item 10 is unreadable")
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(30)
+def test_a_loader_error_surfaces_after_the_batches_before_it_were_received():
+    module = IterStepModule((2,))
+    with pytest.raises(ValueError, match="item 10 is unreadable"):
+        trainer().fit(module, DataLoader(FailingItems(16), batch_size=2))
+    assert module.record.received == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+
+
+def test_accumulation_window_cut_short_at_epoch_end_still_steps_its_earlier_calls():
+    # 7 batches, 2 per call, accumulate 2: calls [0,1] [2,3] | [4,5] [6]+StopIteration -> 2 optimizer steps,
+    # the second on call 2's gradients alone, as a plain loop stepping at the epoch's last completed call
+    module = IterStepModule((2,))
+    fitted = trainer(accumulate_grad_batches=2)
+    fitted.fit(module, make_loader("sized", n_items=14))
+    assert module.optimizer_steps_taken() == fitted.global_step == 2
+    groups = split_by_pattern(loader_sequence(make_loader("sized", n_items=14)), (2,))
+    expected = reference_weights(module, groups, complete=[True, True, True, False], accumulate=2)
+    for name, value in module.layer.state_dict().items():
+        torch.testing.assert_close(value, expected[name])
+
+
+class EmptyItems(IterableDataset):
+    def __iter__(self):
+        return iter(())
+
+
+def test_an_empty_unsized_loader_never_enters_the_step():
+    module = IterStepModule((1,))
+    fitted = trainer(max_epochs=2)
+    fitted.fit(module, DataLoader(EmptyItems(), batch_size=2))
+    assert module.step_calls == 0
+    assert module.record.hook_names().count("on_train_epoch_end") == 2
+
+
+# ------------------------------------------------------------------------------------- self.log's batch size
+class ValidationLogger(IterStepModule):
+    """Logs in validation too: its weights must come from the validation batches, not the training step."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_ids_mean", batch[0].float().mean(), on_epoch=True)
+
+
+def test_validation_logging_during_fit_keeps_its_own_batch_size():
+    # validation batches of 2, 2, 1 items; training steps take 3 batches: a training batch size would skew it
+    module = ValidationLogger((3,), log_metrics=True)
+    fitted = trainer()
+    fitted.fit(module, make_loader("sized", n_items=12), make_loader("sized", n_items=5))
+    sequence = loader_sequence(make_loader("sized", n_items=5))
+    expected = sum(sum(b) for b in sequence) / sum(len(b) for b in sequence)
+    assert float(fitted.callback_metrics["val_ids_mean"]) == pytest.approx(expected)
+
+
+class ZeroThenLog(IterStepModule):
+    """Logs a constant per step, including steps that took no batch."""
+
+    def training_step(self, dataloader_iter):
+        out = super().training_step(dataloader_iter)
+        self.log("calls", 1.0, on_step=False, on_epoch=True, reduce_fx="sum")
+        return out
+
+
+def test_a_step_that_consumed_nothing_can_still_log():
+    module = ZeroThenLog((0, 2))
+    fitted = trainer()
+    fitted.fit(module, make_loader("sized", n_items=16))
+    assert module.step_calls == 8
+    assert float(fitted.callback_metrics["calls"]) == 8.0
+
+
+class IntBatches(Dataset):
+    """Batches that are plain Python lists of ints: no tensor to infer a batch size from."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return i
+
+
+class LogsUninferable(IterStepModule):
+    def training_step(self, dataloader_iter):
+        batch, _, _ = next(dataloader_iter)
+        self.log("value", float(len(batch)), on_epoch=True)
+        return None
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_size_that_cannot_be_inferred_asks_for_batch_size():
+    loader = DataLoader(IntBatches(), batch_size=2, collate_fn=list)
+    with pytest.raises(MisconfigurationException, match=r"batch_size="):
+        trainer().fit(LogsUninferable((1,)), loader)
+
+
+def test_log_is_restored_after_fit_and_the_regular_flavour_is_left_alone():
+    module = IterStepModule((2,), log_metrics=True)
+    trainer().fit(module, make_loader("sized"))
+    assert "log" not in vars(module), "the batch-size-supplying log must not outlive fit"
+    regular = RegularStepModule(log_metrics=True)
+    trainer().fit(regular, make_loader("sized"))
+    assert "log" not in vars(regular)
+
