@@ -189,18 +189,19 @@ class RecordingModule(pl.LightningModule):
         self.step_calls = 0
         self.consumed_in_epoch = 0
 
-    # ---- the loss, shared by both flavours
+    # ---- shared by both flavours
+    def receive(self, batch: Any) -> Any:
+        """Record how a batch arrived (hook trail, device, dtype) the moment the step gets it; return it unwrapped."""
+        if isinstance(batch, dict):
+            self.record.transfer_trail.append((ids(batch), tuple(batch["trail"])))
+            batch = batch["batch"]
+        self.record.placements.append((batch[1].device, batch[1].dtype))
+        return batch
+
     def loss_of(self, batches: Sequence[Any]) -> torch.Tensor | None:
         if not batches:
             return None
-        losses = []
-        for batch in batches:
-            if isinstance(batch, dict):
-                self.record.transfer_trail.append((ids(batch), tuple(batch["trail"])))
-                batch = batch["batch"]
-            self.record.placements.append((batch[1].device, batch[1].dtype))
-            _, x, y = batch
-            losses.append(torch.nn.functional.mse_loss(self.layer(x), y))
+        losses = [torch.nn.functional.mse_loss(self.layer(x), y) for _, x, y in batches]
         return torch.stack(losses).mean()
 
     def finish_step(self, batches: list[Any]) -> Any:
@@ -224,6 +225,7 @@ class RecordingModule(pl.LightningModule):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
         self.record.events.append(("on_train_batch_start", _ids_or_none(batch), batch_idx))
         if self.stop_epoch_at_step is not None and self.step_calls == self.stop_epoch_at_step:
+            self.stop_epoch_at_step = None  # once: the hook is called again (without a step) in the next epoch
             return -1
         return None
 
@@ -306,7 +308,7 @@ class IterStepModule(RecordingModule):
             received.append((ids(batch), batch_idx, dataloader_idx))
             self.record.events.append(("next", ids(batch), batch_idx, dataloader_idx))
             self.record.done_after_next.append(bool(dataloader_iter.done))
-            batches.append(batch)
+            batches.append(self.receive(batch))
         return self.finish_step(batches)
 
 
@@ -318,7 +320,7 @@ class RegularStepModule(RecordingModule):
         self.consumed_in_epoch += 1
         self.record.events.append(("training_step", ids(batch), batch_idx))
         self.record.steps.append([(ids(batch), batch_idx, 0)])
-        return self.finish_step([batch])
+        return self.finish_step([self.receive(batch)])
 
 
 # --------------------------------------------------------------------------------------------------- expectations
