@@ -280,8 +280,8 @@ def block_matrix(inputs: Inputs, page_dir: Path) -> str:
             row.append(str(total[SKIP]))
         rows.append(row)
     legend = (
-        "Each cell: **passed / expected failures / failures** (failures include errors and unexpected passes; "
-        "a bold cell has failures). Clauses: "
+        "Each cell: **passed/expected failures/failures** (failures include errors and unexpected passes; "
+        "a bold cell has failures; – means no test of that clause ran). Clauses: "
         + "; ".join(f"{c} {clauses[c]}".strip() for c in ordered)
         + "."
     )
@@ -291,7 +291,7 @@ def block_matrix(inputs: Inputs, page_dir: Path) -> str:
 def _matrix_cell(k: Counter) -> str:
     if not (k[PASS] or k[XFAIL] or k[FAIL]):
         return "–"
-    text = f"{k[PASS]} / {k[XFAIL]} / {k[FAIL]}"
+    text = f"{k[PASS]}/{k[XFAIL]}/{k[FAIL]}"
     return f"**{text}**" if k[FAIL] else text
 
 
@@ -727,6 +727,12 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
                 row.append("–")
                 continue
             metric = str(spec.get("metric", ""))
+            if len(mine) > 2:  # many variants (e.g. every depth): count them, list only the misses
+                missed = [r for r in mine if r.get("met") is False]
+                text = f"{len(mine) - len(missed)} of {len(mine)} variants met"
+                text += "".join(f"<br>{_code(r.get('design'))}: {_target_result_cell(r, metric)}" for r in missed)
+                row.append(text)
+                continue
             row.append("<br>".join(
                 (f"{_code(r.get('design'))}: " if len(mine) > 1 or r.get("design") != name else "")
                 + _target_result_cell(r, metric) for r in mine))
