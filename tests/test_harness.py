@@ -1,0 +1,115 @@
+"""The conformance harness itself: it can fail, and its bookkeeping (selection, expected failures) is strict.
+
+Each test runs the real suite in-process with pytester against a design registered only for that test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+
+from prototypes import IMPLEMENTATIONS
+from prototypes.common import Design
+from tests.conformance import plugin
+
+pytest_plugins = ["pytester"]
+
+SUITE = Path(plugin.__file__).parent
+
+
+class DropEveryThirdBatch:
+    """An iterable over a loader that silently loses every third batch: the bug a design must never have."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        return (batch for position, batch in enumerate(self.loader) if position % 3 != 2)
+
+
+class DroppingTrainer(pl.Trainer):
+    def fit(self, model, train_dataloaders=None, *args, **kwargs):
+        return super().fit(model, DropEveryThirdBatch(train_dataloaders), *args, **kwargs)
+
+
+@pytest.fixture
+def toy_design():
+    design = Design(
+        name="toy_dropping",
+        summary="stock Lightning that loses every third training batch (a deliberately broken toy)",
+        make_trainer=lambda trainer_kwargs: DroppingTrainer(**trainer_kwargs),
+    )
+    IMPLEMENTATIONS[design.name] = design
+    yield design
+    del IMPLEMENTATIONS[design.name]
+
+
+def run_suite(pytester: pytest.Pytester, *args: str, targets: tuple[str, ...] = (str(SUITE),)) -> pytest.RunResult:
+    return pytester.runpytest("-p", "no:cacheprovider", *targets, *args)
+
+
+@pytest.mark.timeout(300)
+def test_broken_toy_design_fails_the_clauses_it_breaks(pytester, toy_design, tmp_path):
+    results = tmp_path / "results.json"
+    outcome = run_suite(
+        pytester, "--impl", toy_design.name, "--results", str(results),
+        "-k", "test_fixed_patterns or test_parameter_named_dataloader_iter",
+    )
+    assert outcome.ret == pytest.ExitCode.TESTS_FAILED
+    outcome.stdout.fnmatch_lines(["*conformance matrix*", "toy_dropping *FAIL"])
+    by_clause: dict[str, set[str]] = {}
+    for result in json.loads(results.read_text())["results"]:
+        by_clause.setdefault(result["clause"], set()).add(result["outcome"])
+    assert by_clause == {"C1": {"passed"}, "C3": {"failed"}}, by_clause
+
+
+def test_unknown_design_is_an_error_listing_the_valid_names(pytester):
+    outcome = run_suite(pytester, "--impl", "no_such_design", "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines(["*unknown design 'no_such_design'; valid names: *upstream*"])
+
+
+@pytest.fixture
+def expected_failures_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(plugin, "EXPECTED_FAILURES_DIR", tmp_path)
+    return tmp_path
+
+
+def test_expected_failure_matching_no_test_is_an_error(pytester, toy_design, expected_failures_dir):
+    (expected_failures_dir / "toy_dropping.txt").write_text(
+        "test_c02_items.py::test_no_such_test[sized]  # a stale entry\n"
+    )
+    outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_c02", "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:1: test_c02_items.py::test_no_such_test*"])
+
+
+def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expected_failures_dir):
+    (expected_failures_dir / "toy_dropping.txt").write_text(
+        "test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
+    )
+    outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines(["*gives no reason*"])
+
+
+def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expected_failures_dir):
+    (expected_failures_dir / "toy_dropping.txt").write_text(
+        "test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator  # claimed broken\n"
+        + "".join(
+            f"test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch[{p}-sized]"
+            "  # the toy drops every third batch\n"
+            for p in ("(1,)", "(2,)", "(3,)", "(0, 1)", "(0, 2, 1, 3)")
+        )
+    )
+    targets = (
+        f"{SUITE}/test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator",
+        f"{SUITE}/test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch",
+    )
+    outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_parameter_named or (sized and not unsized)",
+                         targets=targets)
+    outcome.assert_outcomes(failed=1, xfailed=5)
+    outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
