@@ -20,18 +20,22 @@ User code::
 every overridden method defers to Lightning's ``_TrainingEpochLoop``. Otherwise the loop keeps the epoch's
 batches one ahead of the step (:class:`LookAhead`) and gives each step call a fresh :class:`StepIterator`:
 
-- each ``next()`` hands out a batch that went through Lightning's regular transfer path, counts it in
-  ``batch_progress`` and sets the batch size ``self.log`` uses;
+- each ``next()`` hands out a batch that went through Lightning's regular transfer path and counts it in
+  ``batch_progress``; ``self.log`` without ``batch_size=`` weighs by the samples the step consumed;
 - the batch held back tells the loop whether another remains (so the step is never entered on an exhausted
   iterator, and ``done`` and ``is_last_batch`` are exact) and is the batch ``on_train_batch_start`` receives;
-- accumulation counts step calls; validation runs at the first step boundary at which the consumed batches
-  reach a multiple of ``val_check_batch``;
+- with automatic optimisation the step runs before ``optimizer.step``, which then gets the computed loss: only
+  after the step does the loop know whether it took the epoch's last batch; accumulation counts step calls;
+- validation runs at the first step boundary at which the consumed batches reach a multiple of
+  ``val_check_batch``;
 - a ``StopIteration`` from ``next()`` inside a step ends the epoch like running out between steps does.
 
-Coupling to Lightning's private API (Lightning 2.6): ``_TrainingEpochLoop`` (subclassed; the restart and
-SIGTERM preamble of its ``advance`` is repeated), ``_DataFetcher.__next__`` (the plain, profiled fetch that
-``_DataLoaderIterDataFetcher`` wraps), ``trainer._results`` (batch size for ``self.log``),
-``trainer._logger_connector``, ``_AutomaticOptimization._optimizer_step`` and ``trainer.call`` hook dispatch.
+Coupling to Lightning 2.6's private API, all of it here: ``_TrainingEpochLoop`` (subclassed; the restart and
+SIGTERM preamble of its ``advance`` is repeated), ``_DataFetcher.__next__`` and ``done`` (the plain, profiled
+fetch that ``_DataLoaderIterDataFetcher`` wraps), ``_AutomaticOptimization._make_closure`` and
+``_optimizer_step``, ``LightningModule._on_before_batch_transfer``, ``trainer._logger_connector`` and
+``trainer.call``'s hook dispatch. Lightning's guard in ``LightningModule.log`` (``batch_size=`` required when the
+step takes ``dataloader_iter``) is met by an instance-level ``log`` on the module for the duration of fit.
 """
 
 from __future__ import annotations
@@ -64,9 +68,6 @@ STOP_WITH_BATCHES_LEFT = (
     " dataloader_iter; ending the epoch here would silently skip the remaining batches. Catch StopIteration from"
     " your own iterators inside training_step."
 )
-
-
-_SUPPLIED_LOG = "_batch_processor_supplies_log_batch_size"
 
 
 class LookAhead:
@@ -160,6 +161,7 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self._last_step_consumed = 0
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
+        self._module_with_supplied_log: pl.LightningModule | None = None
 
     def run(self, data_fetcher: _DataFetcher) -> None:
         self._steps_pull_batches = takes_dataloader_iter(self.trainer.lightning_module.training_step)
@@ -216,22 +218,23 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         # the module's `log` fills it in for the duration of fit; a Lightning-side version of this design
         # would drop the guard instead. When a size cannot be inferred, the guard's error still asks for it.
         module = self.trainer.lightning_module
-        if _SUPPLIED_LOG in vars(module):
+        if self._module_with_supplied_log is module:  # `run` is called once per epoch
             return
         trainer, log = self.trainer, module.log
 
-        def log_with_step_batch_size(name: str, value: Any, *args: Any, batch_size: int | None = None, **kwargs: Any) -> None:
-            if batch_size is None and trainer.training:
+        def log_with_step_batch_size(name: str, value: Any, *args: Any, batch_size: int | None = None, **kwargs: Any):
+            if batch_size is None and trainer.training:  # validation during fit infers its own
                 batch_size = self._step_batch_size()
             log(name, value, *args, batch_size=batch_size, **kwargs)
 
         module.log = log_with_step_batch_size
-        setattr(module, _SUPPLIED_LOG, True)
+        self._module_with_supplied_log = module
 
     def teardown(self) -> None:
-        module = self.trainer.lightning_module
-        if module is not None and vars(module).pop(_SUPPLIED_LOG, False):
-            del module.log
+        # Lightning tears down after every fit, failed ones included
+        if self._module_with_supplied_log is not None:
+            del self._module_with_supplied_log.log
+            self._module_with_supplied_log = None
         super().teardown()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
@@ -309,6 +312,9 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         # last batch (which closes the accumulation window), and a call cut short by StopIteration must not
         # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
         closure = self.automatic_optimization._make_closure(kwargs, self.trainer.optimizers[0], self._step_calls - 1)
+        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
+        # Whether this call closes its window is known only after it ran, so every backward syncs: one
+        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
         closure()
         result = closure.consume_result()
         self._window_open, self._window_loss = True, result.loss
@@ -345,17 +351,13 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         trainer = self.trainer
         if not self._should_check_val_epoch():
             return False
-        every = trainer.val_check_batch
-        if every == float("inf") and self.batch_progress.is_last_batch:  # an unsized loader ran out
-            return True
         if trainer.should_stop and trainer.fit_loop._can_stop_early:
             return True
         if trainer._val_check_time_interval is not None:
             return time.monotonic() - trainer._last_val_time >= trainer._val_check_time_interval
-        if every == float("inf"):
-            if not isinstance(trainer.limit_train_batches, int):
-                return False
-            every = trainer.limit_train_batches  # Lightning's rule for an unsized loader with an int limit
+        every = trainer.val_check_batch
+        if every == float("inf"):  # an unsized loader (without a limit): validate once it ran out
+            return self.batch_progress.is_last_batch
         progress = self.batch_progress.total if trainer.check_val_every_n_epoch is None else self.batch_progress.current
         # a step may consume several batches: validate when this step's batches crossed a multiple
         consumed = progress.ready
@@ -365,12 +367,12 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
 def _trainer_with_iterator_loop(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
     trainer = pl.Trainer(**trainer_kwargs)
     stock = trainer.fit_loop.epoch_loop
-    trainer.fit_loop.epoch_loop = IteratorTrainingEpochLoop(trainer, min_steps=stock.min_steps, max_steps=stock.max_steps)
+    trainer.fit_loop.epoch_loop = IteratorTrainingEpochLoop(trainer, stock.min_steps, stock.max_steps)
     return trainer
 
 
 DESIGN = Design(
     name="batch_processor",
-    summary="the training epoch loop owns a look-ahead iterator: batches are transferred, counted and tracked per next()",
+    summary="the training epoch loop hands the step a look-ahead iterator; each next() transfers and counts a batch",
     make_trainer=_trainer_with_iterator_loop,
 )

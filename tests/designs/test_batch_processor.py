@@ -255,6 +255,7 @@ def test_a_loader_error_surfaces_after_the_batches_before_it_were_received():
     with pytest.raises(ValueError, match="item 10 is unreadable"):
         trainer().fit(module, DataLoader(FailingItems(16), batch_size=2))
     assert module.record.received == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+    assert "log" not in vars(module), "a failed fit restores the module's log too"
 
 
 def test_accumulation_window_cut_short_at_epoch_end_still_steps_its_earlier_calls():
