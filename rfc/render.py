@@ -9,7 +9,7 @@ What it writes:
 * ``rfc/generated/matrix.md``: the conformance matrix (design x clause: passed / expected-fail / fail
   counts), every expected failure with its reason, and every unexpected outcome.
 * ``rfc/generated/benchmarks.md``: per machine kind (one ``benchmarks-<kind>.json`` each) the targets and the
-  tables of scenarios S1-S4, plus a plot of efficiency against L/C per design
+  tables of scenarios S1-S5 (and any other scenario the file holds), the run notes, plus a plot of efficiency against L/C per design
   (``rfc/generated/efficiency-vs-ratio-<kind>.png``).
 * Blocks inside hand-written pages (any ``*.md`` under ``rfc/`` outside ``generated/`` and ``results/``)::
 
@@ -257,6 +257,7 @@ def _variant_sort_key(variant: str) -> list[Any]:
 
 
 def block_matrix(inputs: Inputs, page_dir: Path) -> str:
+    """The conformance matrix: design variant x clause, passed/expected-fail/fail counts."""
     data = inputs.conformance
     if data is None:
         return _no_results("conformance results", CONFORMANCE_COMMAND)
@@ -337,10 +338,12 @@ def _outcome_tables(inputs: Inputs, kinds: set[str], empty: str, with_outcome: b
 
 
 def block_expected_failures(inputs: Inputs, page_dir: Path) -> str:
+    """Every expected failure, per design, with its clause, test id, variants and reason."""
     return _outcome_tables(inputs, {XFAIL}, "No expected failures.", with_outcome=False)
 
 
 def block_failures(inputs: Inputs, page_dir: Path) -> str:
+    """Every failure, error, unexpected pass and skip, per design."""
     return _outcome_tables(
         inputs, {FAIL, SKIP}, "No failures, errors, unexpected passes or skips.", with_outcome=True
     )
