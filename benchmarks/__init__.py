@@ -1,0 +1,1 @@
+"""Benchmarks for the dataloader_iter designs (issue 7); see README.md."""

@@ -1,0 +1,147 @@
+"""Benchmark session plumbing: smoke mode by default, measurements with ``--benchmark-only``, results JSON.
+
+- Plain ``pytest``: pytest-benchmark's fixture is disabled for these tests, so every scenario runs once with small
+  sizes as a correctness smoke test (batches exactly once, in order; S2's weights equal the unpipelined step's),
+  and no timing is asserted.
+- ``pytest --benchmark-only`` (or ``--benchmark-enable``): full sizes, warm-up plus measured rounds, medians, the
+  promised figures asserted with noise margins, and at session end ``rfc/results/benchmarks-<kind>.json``
+  (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 (for example
+  ``-k S1``) writes ``.benchmarks/benchmarks-<kind>.partial.json`` instead, so it never clobbers a full result;
+  ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from benchmarks import harness
+
+
+def measuring(config: pytest.Config) -> bool:
+    """True for ``--benchmark-only`` / ``--benchmark-enable`` unless ``--benchmark-disable`` wins."""
+    explicit_on = config.getoption("benchmark_only", False) or config.getoption("benchmark_enable", False)
+    explicitly_off = config.getoption("benchmark_disable", False) and not config.getoption("benchmark_enable", False)
+    return bool(explicit_on and not explicitly_off)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything a scenario's size depends on; ``SMOKE`` for plain pytest, ``MEASURE`` for benchmark runs."""
+
+    rounds: int
+    warmup: int
+    # S1: max(L, C) is s1_base_ms, the other is half of it or equal (see test_s1_io_bound.POINTS)
+    s1_base_ms: float
+    s1_batches: int
+    # S2: stage R and the step's compute C, no loading
+    s2_r_ms: float
+    s2_c_ms: float
+    s2_batches: int
+    # S3: tiny model, L = 0
+    s3_batches: int
+    s3_rounds: int
+    s3_warmup: int
+    # S4: L ~ exponential with mean C, large batches
+    s4_c_ms: float
+    s4_batches: int
+    s4_rows: int
+    s4_rounds: int
+
+
+SMOKE = Sizes(
+    rounds=1, warmup=0,
+    s1_base_ms=2.0, s1_batches=6,
+    s2_r_ms=2.0, s2_c_ms=2.0, s2_batches=7,
+    s3_batches=10, s3_rounds=1, s3_warmup=0,
+    s4_c_ms=2.0, s4_batches=8, s4_rows=256, s4_rounds=1,
+)
+MEASURE = Sizes(
+    rounds=5, warmup=1,
+    s1_base_ms=20.0, s1_batches=48,
+    s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=40,
+    s3_batches=400, s3_rounds=9, s3_warmup=2,
+    s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
+)
+FEATURES = 8  # columns after the id column in S1-S3 batches
+ROWS = 4  # rows per batch in S1-S3
+
+
+@dataclass
+class Bench:
+    """What a scenario test needs: the mode, its sizes, a calibrated burner, a scratch dir, the result store."""
+
+    measuring: bool
+    sizes: Sizes
+    burner: harness.Burner
+    root: Path
+    store: harness.ResultStore
+    setup: dict[str, Any]
+
+    def extra_info(self, benchmark: Any, row: dict[str, Any]) -> None:
+        benchmark.extra_info.update(row)
+        benchmark.extra_info["setup"] = self.setup
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Every benchmark runs with ``harness.TORCH_THREADS`` intra-op threads (recorded in the results)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(harness.TORCH_THREADS)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def benchmark(benchmark, request):
+    """pytest-benchmark's fixture, disabled (the function runs once) unless the session is measuring."""
+    if not measuring(request.config):
+        benchmark.disabled = True
+    return benchmark
+
+
+@pytest.fixture(scope="session")
+def bench(request, tmp_path_factory) -> Bench:
+    on = measuring(request.config)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(harness.TORCH_THREADS)
+    try:
+        burner = harness.Burner()
+    finally:
+        torch.set_num_threads(previous)
+    setup = harness.setup_info()
+    store = harness.RESULTS
+    sizes = MEASURE if on else SMOKE
+    store.notes.update(
+        mode="measure" if on else "smoke",
+        sizes=asdict(sizes),
+        matmul_ms=round(burner.ms_per_matmul, 4),
+        matmul_size=burner.size,
+        loadavg_start=list(os.getloadavg()),
+    )
+    return Bench(on, sizes, burner, tmp_path_factory.mktemp("bench"), store, setup)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    store = harness.RESULTS
+    if not measuring(session.config) or not store.rows:
+        return
+    store.notes["loadavg_end"] = list(os.getloadavg())
+    store.notes["pytest_exitstatus"] = int(exitstatus)
+    complete = all(store.rows.get(s) for s in ("S1", "S2", "S3", "S4"))
+    name = f"benchmarks-{harness.MACHINE_KIND}.json"
+    if os.environ.get("BENCHMARKS_RESULTS"):
+        path = Path(os.environ["BENCHMARKS_RESULTS"])
+    elif complete:
+        path = harness.RESULTS_DIR / name
+    else:
+        path = harness.PARTIAL_DIR / name.replace(".json", ".partial.json")
+    harness.write_json(path, harness.results_document(store, harness.setup_info()))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"benchmark results written to {path}" + ("" if complete else " (partial run)"))

@@ -1,0 +1,347 @@
+"""S5 GPU: pinned-memory host-to-device copies of large batches against GPU compute, through every design.
+
+Run on a machine with CUDA, from the repository root::
+
+    python benchmarks/gpu_s5.py            # about 1-2 minutes on one H200 (budget: under 5)
+    python benchmarks/gpu_s5.py --quick    # a smaller correctness-first run
+
+Each item is a pinned host batch (``--batch-mib``, default 64 MiB) whose values identify it; loading is the
+host-to-device copy L (non_blocking, from pinned memory); the step's compute C is calibrated GPU matmuls that read
+the batch. For C = 2L, L and L/2, side by side in one process: stock Lightning's regular flavour (T_serial: the
+copy and the compute serialise on one stream), a copy-only and a compute-only run (T_ideal = max), and every
+registered design with the same user step (it moves the batch itself when a design hands it over on the CPU,
+as stock Lightning's flavour does). Efficiency e = (T_serial - T) / (T_serial - T_ideal), medians of the rounds.
+
+Correctness, per design and point: the step checks on the GPU, without synchronising, that every batch it
+received holds exactly the values of the item it claims to be (a copy read before it finished, or a buffer reused
+too early, shows up here), that it received items 0..n-1 once each in order, and that the final weights equal
+those of the synchronous path (the regular flavour). Any violation makes the script exit non-zero.
+
+Writes ``rfc/results/benchmarks-<kind>.json`` (kind from the GPU name, e.g. ``nvidia-h200``; ``--kind`` to
+override; ``--out`` for another path) in the schema of ``benchmarks/README.md``, scenario ``S5``.
+``--device cpu`` runs the same code without CUDA (no pinning, tiny sizes): a dry run that checks the code path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import pytorch_lightning as pl  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+from benchmarks import harness  # noqa: E402
+from prototypes import IMPLEMENTATIONS  # noqa: E402
+
+FEATURES = 8
+POINTS = {"L=0.5C": 2.0, "L=C": 1.0, "L=2C": 0.5}  # point -> C as a multiple of the measured L
+BASELINES = ("baseline:regular", "baseline:copy-only", "baseline:compute-only")
+PATTERN_MAX = 1000  # batch values are integers below PATTERN_MAX + n: exact in float32
+
+
+class PinnedBatches(Dataset):
+    """Item ``i``: a host batch (pinned on CUDA) equal to ``pattern + i``; produced instantly, the copy is L."""
+
+    def __init__(self, n: int, rows: int, cols: int, probe: harness.Probe, pin: bool, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.pattern = torch.randint(0, PATTERN_MAX, (rows, cols), generator=generator).float()
+        self.pattern[:, 0] = 0.0
+        self.items = []
+        for i in range(n):
+            batch = self.pattern + float(i)
+            self.items.append(batch.pin_memory() if pin else batch)
+        self.probe = probe
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.probe.load_started()
+        self.probe.batch_produced()
+        return self.items[i]
+
+
+class GpuStep(pl.LightningModule):
+    """One user step for every design: take a batch, make sure it is on the device, check it, compute C."""
+
+    def __init__(self, probe: harness.Probe, pattern: torch.Tensor, iterations: int, matmul: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(FEATURES, 1)
+        self.probe = probe
+        self.iterations = iterations
+        self.matmul = matmul
+        self.register_buffer("pattern", pattern.clone(), persistent=False)
+        self.register_buffer("weights_b", torch.randn(matmul, matmul, generator=torch.Generator().manual_seed(1))
+                             / matmul**0.5, persistent=False)
+        self.ids: list[torch.Tensor] = []
+        self.oks: list[torch.Tensor] = []
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    def on_train_epoch_start(self) -> None:
+        self.ids, self.oks = [], []
+        self.probe.epoch_started()
+
+    def on_train_epoch_end(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.probe.epoch_ended(*self.parameters())
+        self.probe.received = [int(i) for i in torch.stack(self.ids).tolist()] if self.ids else []
+        self.probe.batches_exact = bool(torch.stack(self.oks).all().item()) if self.oks else False
+
+    def work(self, batch: torch.Tensor) -> torch.Tensor:
+        batch_id = batch[0, 0]
+        self.ids.append(batch_id)
+        self.oks.append((batch == self.pattern + batch_id).all())  # stays on the device: no synchronisation
+        out = torch.empty(self.matmul, self.matmul, device=batch.device)
+        view = batch[: self.matmul, : self.matmul]
+        for _ in range(self.iterations):
+            torch.mm(view, self.weights_b, out=out)
+        features = batch[:, 1 : FEATURES + 1] / PATTERN_MAX
+        return self.layer(features).pow(2).mean()
+
+
+class RegularGpuStep(GpuStep):
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.work(batch)
+
+
+class IterGpuStep(GpuStep):
+    def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
+        batch, _batch_idx, _dataloader_idx = next(dataloader_iter)
+        if batch.device != self.device:  # stock Lightning's flavour hands over CPU batches (#18831)
+            batch = batch.to(self.device, non_blocking=True)
+        return self.work(batch)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calibrate(device: torch.device, size: int) -> float:
+    """Milliseconds per ``size`` x ``size`` float32 matmul on ``device``."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    out = torch.empty(size, size, device=device)
+    for _ in range(10):
+        torch.mm(a, b, out=out)
+    samples = []
+    for _ in range(7):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(20):
+            torch.mm(a, b, out=out)
+        _sync(device)
+        samples.append((time.perf_counter() - start) / 20 * 1000.0)
+    return statistics.median(samples)
+
+
+class S5:
+    """One S5 session: data, calibration and the runs."""
+
+    def __init__(self, device: torch.device, n: int, rows: int, cols: int, matmul: int, rounds: int, warmup: int,
+                 root: Path) -> None:
+        self.device, self.n, self.rows, self.cols, self.matmul = device, n, rows, cols, matmul
+        self.rounds, self.warmup, self.root = rounds, warmup, root
+        self.probe_box: list[harness.Probe] = []
+        self.data = PinnedBatches(n, rows, cols, harness.Probe(), pin=device.type == "cuda")
+        self.ms_per_matmul = calibrate(device, matmul)
+        self.copy_only = self.measure(lambda: self._copy_only())
+        self.l_ms = self.copy_only.median_ms
+        self.trainer_kwargs = dict(harness.TRAINER_KWARGS, accelerator="gpu" if device.type == "cuda" else "cpu")
+
+    def iterations_for(self, c_ms: float) -> int:
+        return max(1, round(c_ms / self.ms_per_matmul))
+
+    def measure(self, once) -> harness.Measurement:
+        return harness.measure(None, once, self.n, self.rounds, self.warmup)
+
+    def _fresh_probe(self) -> harness.Probe:
+        probe = harness.Probe()
+        self.data.probe = probe
+        return probe
+
+    def _copy_only(self) -> harness.Probe:
+        probe = self._fresh_probe()
+        probe.epoch_started()
+        for batch in harness.loader(self.data):
+            batch.to(self.device, non_blocking=True)
+        _sync(self.device)
+        probe.epoch_ended()
+        probe.received = list(range(self.n))
+        probe.batches_exact = True
+        return probe
+
+    def _compute_only(self, iterations: int) -> harness.Probe:
+        probe = self._fresh_probe()
+        on_device = [b.to(self.device) for b in self.data.items]
+        _sync(self.device)
+        module = RegularGpuStep(probe, self.data.pattern, iterations, self.matmul).to(self.device)
+        optimizer = module.configure_optimizers()
+        module.on_train_epoch_start()
+        for batch in on_device:
+            loss = module.work(batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        module.on_train_epoch_end()
+        return probe
+
+    def _fit(self, design: Any | None, module: GpuStep) -> harness.Probe:
+        trainer_kwargs = {**self.trainer_kwargs, "default_root_dir": str(self.root)}
+        with harness.quiet():
+            trainer = pl.Trainer(**trainer_kwargs) if design is None else design.trainer(**trainer_kwargs)
+            trainer.fit(module, train_dataloaders=harness.loader(self.data))
+        return module.probe
+
+    def run(self, who: str, c_ms: float) -> harness.Measurement:
+        iterations = self.iterations_for(c_ms)
+        if who == "baseline:copy-only":
+            return self.copy_only
+        if who == "baseline:compute-only":
+            return self.measure(lambda: self._compute_only(iterations))
+        if who == "baseline:regular":
+            return self.measure(lambda: self._fit(
+                None, RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul)))
+        return self.measure(lambda: self._fit(
+            IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul)))
+
+
+def check(measurement: harness.Measurement, n: int, reference: Sequence[torch.Tensor] | None) -> dict[str, Any]:
+    """Correctness of every measured round: exact batch contents, order, and weights against the reference."""
+    problems = []
+    max_diff = 0.0
+    for k, probe in enumerate(measurement.probes):
+        if not probe.batches_exact:
+            problems.append(f"round {k}: a batch did not hold its item's values")
+        if probe.received != list(range(n)):
+            problems.append(f"round {k}: received {probe.received}, expected 0..{n - 1} in order")
+        if reference is not None and probe.final_weights:
+            for got, want in zip(probe.final_weights, reference):
+                max_diff = max(max_diff, float((got.float() - want.float()).abs().max()))
+    return dict(correct=not problems and max_diff <= 1e-5, weights_max_abs_diff=max_diff, problems=problems)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run of the code path")
+    parser.add_argument("--quick", action="store_true", help="fewer batches and rounds")
+    parser.add_argument("--batch-mib", type=float, default=64.0)
+    parser.add_argument("--batches", type=int, default=None)
+    parser.add_argument("--kind", default=None, help="machine kind in the results file name")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--designs", default=None, help="comma-separated registry names (default: all)")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("S5 needs CUDA (torch.cuda.is_available() is False); use --device cpu for a dry run", file=sys.stderr)
+        return 2
+    dry = device.type != "cuda"
+    cols = 256 if dry else 2048
+    rows = 64 if dry else max(cols, int(args.batch_mib * 2**20 / (4 * cols)))
+    n = args.batches or (6 if dry else (16 if args.quick else 32))
+    rounds, warmup = (1, 0) if dry else ((2, 1) if args.quick else (5, 1))
+    matmul = min(rows, cols, 64 if dry else 1024)
+    names = list(IMPLEMENTATIONS) if not args.designs else [s.strip() for s in args.designs.split(",")]
+    unknown = [name for name in names if name not in IMPLEMENTATIONS]
+    if unknown:
+        print(f"unknown design(s) {unknown}; registered: {sorted(IMPLEMENTATIONS)}", file=sys.stderr)
+        return 2
+
+    torch.set_num_threads(harness.TORCH_THREADS)
+    with tempfile.TemporaryDirectory() as tmp:
+        s5 = S5(device, n, rows, cols, matmul, rounds, warmup, Path(tmp))
+        print(f"S5 on {device}: {n} batches of {rows}x{cols} float32 ({rows * cols * 4 / 2**20:.0f} MiB),"
+              f" L (copy) {s5.l_ms:.3f} ms/batch, matmul {matmul} {s5.ms_per_matmul:.3f} ms", flush=True)
+        rows_out: list[dict[str, Any]] = []
+        failures: list[str] = []
+        for point, c_factor in POINTS.items():
+            c_ms = c_factor * s5.l_ms
+            base = {who: s5.run(who, c_ms) for who in BASELINES}
+            reference = base["baseline:regular"].probes[-1].final_weights
+            t_serial = base["baseline:regular"].median_ms
+            t_ideal = max(base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms)
+            common = dict(L_ms=harness.rounded(s5.l_ms), C_target_ms=harness.rounded(c_ms),
+                          C_ms=harness.rounded(base["baseline:compute-only"].median_ms),
+                          L_over_C=harness.rounded(1.0 / c_factor), n_batches=n, batch_mib=round(rows * cols * 4 / 2**20, 1))
+            for who in BASELINES:
+                verdict = check(base[who], n, reference if who != "baseline:copy-only" else None)
+                rows_out.append(dict(design=who, role="baseline", point=point, **common,
+                                     time_per_batch_ms=harness.rounded(base[who].median_ms),
+                                     correct=verdict["correct"], rounds=base[who].rounds))
+                failures += [f"{point} {who}: {p}" for p in verdict["problems"]]
+            for name in names:
+                try:
+                    measurement = s5.run(name, c_ms)
+                except Exception as error:  # a design that cannot run this scenario: recorded, not fatal
+                    failures.append(f"{point} {name}: {type(error).__name__}: {error}")
+                    rows_out.append(dict(design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
+                                         error=f"{type(error).__name__}: {error}"))
+                    continue
+                verdict = check(measurement, n, reference)
+                t = measurement.median_ms
+                efficiency = (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
+                rows_out.append(dict(
+                    design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
+                    time_per_batch_ms=harness.rounded(t), t_serial_ms=harness.rounded(t_serial),
+                    t_ideal_ms=harness.rounded(t_ideal), efficiency=harness.rounded(efficiency),
+                    correct=verdict["correct"], weights_max_abs_diff=verdict["weights_max_abs_diff"],
+                    rounds=measurement.rounds,
+                ))
+                failures += [f"{point} {name}: {p}" for p in verdict["problems"]]
+                if verdict["weights_max_abs_diff"] > 1e-5:
+                    failures.append(f"{point} {name}: weights differ from the synchronous path by"
+                                    f" {verdict['weights_max_abs_diff']:.3g}")
+                print(f"  {point:7s} {IMPLEMENTATIONS[name].id:24s} {t:8.3f} ms/batch  serial {t_serial:8.3f}"
+                      f"  ideal {t_ideal:8.3f}  efficiency {efficiency:6.3f}  correct {verdict['correct']}", flush=True)
+
+    setup = harness.setup_info()
+    gpu = torch.cuda.get_device_name(device) if not dry else "none (dry run on cpu)"
+    kind = args.kind or ("dry-run-cpu" if dry else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
+    setup.update(machine=f"{kind}: {gpu}; host {setup['machine'].split(': ', 1)[-1]}", machine_kind=kind,
+                 gpu=gpu, cuda=torch.version.cuda or "none")
+    document = {
+        "schema": harness.SCHEMA,
+        "setup": setup,
+        "targets": {"S5": dict(what="every design's results equal the synchronous path (S5)", metric="correct",
+                               compare="==", threshold=True,
+                               results=[dict(design=r["design"], point=r["point"], value=r.get("correct", False),
+                                             met=bool(r.get("correct"))) for r in rows_out if r["role"] == "design"])},
+        "scenarios": {"S5": rows_out},
+        "notes": dict(mode="quick" if args.quick else ("dry-run" if dry else "measure"), rounds=rounds, warmup=warmup,
+                      matmul_size=matmul, matmul_ms=round(s5.ms_per_matmul, 4), failures=failures,
+                      wall_s=round(time.perf_counter() - started, 1)),
+    }
+    if args.out is not None:
+        out = args.out
+    elif dry:  # a dry run never lands among the committed results
+        out = harness.PARTIAL_DIR / f"benchmarks-{kind}.json"
+    else:
+        out = harness.RESULTS_DIR / f"benchmarks-{kind}.json"
+    harness.write_json(out, document)
+    print(f"wrote {out} in {time.perf_counter() - started:.0f} s; {len(failures)} problem(s)")
+    for failure in failures:
+        print("  PROBLEM:", failure)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
