@@ -121,9 +121,24 @@ def load_inputs(rfc_dir: Path, results_dir: Path, out_dir: Path, command: str) -
 # --------------------------------------------------------------------------------------------------- markdown
 
 
+_CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
+
+
 def _cell(value: Any) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").strip()
+    """Text safe inside a Markdown table cell: no cell breaks, no stray HTML or emphasis; `code` stays code."""
+    text = str(value).replace("\n", " ").strip()
+    out, last = [], 0
+    for m in _CODE_SPAN_RE.finditer(text):
+        out.append(_escape_prose(text[last:m.start()]))
+        out.append(m.group(0))  # Python-Markdown's tables keep a pipe inside a code span in its cell
+        last = m.end()
+    out.append(_escape_prose(text[last:]))
+    return "".join(out)
+
+
+def _escape_prose(text: str) -> str:
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+    return text.replace("&", "&amp;").replace("<", "&lt;")
 
 
 def _code(text: str) -> str:

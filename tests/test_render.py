@@ -246,3 +246,12 @@ def test_the_committed_rfc_is_up_to_date():
     """The repository's own pages match its committed results (what CI's ``render.py --check`` enforces)."""
     result = subprocess.run([sys.executable, str(RENDER), "--check"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_reason_with_markdown_characters_stays_in_its_cell(rfc):
+    conf = conformance()
+    conf["results"][0]["reason"] = "a | b <lambda> *not emphasis* `code|span`"
+    write_results(rfc, conf, benchmarks())
+    run(rfc)
+    line = next(l for l in (rfc / "generated" / "matrix.md").read_text().splitlines() if "lambda" in l)
+    assert line.endswith("| a \\| b &lt;lambda> \\*not emphasis\\* `code|span` |")
