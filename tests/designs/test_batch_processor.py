@@ -351,3 +351,11 @@ def test_log_is_restored_after_fit_and_the_regular_flavour_is_left_alone():
     trainer().fit(regular, make_loader("sized"))
     assert "log" not in vars(regular)
 
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+def test_an_epoch_cut_short_by_stop_iteration_still_validates_at_its_end(kind):
+    # 7 batches, 3 per call: the third call receives batch 6, then next() raises StopIteration (compare #19624)
+    module = IterStepModule((3,))
+    trainer(max_epochs=2, limit_val_batches=1).fit(module, make_loader(kind, n_items=14), make_loader("sized", 2))
+    assert module.record.validations == [(0, 7), (1, 7)]
