@@ -271,6 +271,15 @@ def test_accumulation_window_cut_short_at_epoch_end_still_steps_its_earlier_call
         torch.testing.assert_close(value, expected[name])
 
 
+def test_manual_optimisation_step_cut_short_ends_the_epoch_cleanly():
+    # Lightning's manual loop swallows the StopIteration itself; the exhausted look-ahead still ends the epoch
+    module = IterStepModule((2,), automatic=False)
+    fitted = trainer(max_epochs=2)
+    fitted.fit(module, make_loader("sized", n_items=14))
+    assert [end["completed"] for end in module.record.epoch_ends] == [7, 7]
+    assert module.optimizer_steps_taken() == fitted.global_step == 6
+
+
 class EmptyItems(IterableDataset):
     def __iter__(self):
         return iter(())
