@@ -109,7 +109,8 @@ def load_inputs(rfc_dir: Path, results_dir: Path, out_dir: Path, command: str) -
         for key in ("setup", "results"):
             if key not in inputs.conformance:
                 raise RenderError(f"{conformance}: missing {key!r}")
-    for path in sorted(results_dir.glob(BENCHMARK_GLOB)):
+    # the CPU machine kind ("python") first, then the others (e.g. GPU kinds) by name
+    for path in sorted(results_dir.glob(BENCHMARK_GLOB), key=lambda p: (p.stem != "benchmarks-python", p.name)):
         kind = path.stem[len("benchmarks-"):]
         data = _load_json(path)
         if "scenarios" not in data:
@@ -200,8 +201,8 @@ def _setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> 
         parts.append(f"mode {_code(mode)}")
     line = f"*Setup ({source}):* " + "; ".join(parts) + "."
     if mode and mode != "measure":
-        line += (f"\n\n> **Not a measurement:** this file comes from a `{mode}` run (small sizes, no timing "
-                 "rounds); re-run `pytest --benchmark-only` for figures.")
+        line += (f"\n\n> **Not a measurement:** this file comes from a `{mode}` run, not a `measure` run; re-run "
+                 "the benchmarks in measure mode (see `benchmarks/README.md`) before reading figures from it.")
     return line
 
 
@@ -220,7 +221,9 @@ def _fmt_number(key: str, value: Any) -> str:
         if value != value or value in (float("inf"), float("-inf")):
             return "–"
         k = key.lower()
-        if k.endswith("_mb"):
+        if "diff" in k:
+            return f"{value:.3g}"
+        if k.endswith("_mb") or k.endswith("_mib"):
             return f"{value:.1f}"
         if any(w in k for w in ("efficiency", "speedup", "overhead", "ratio", "_over_")):
             return f"{value:.2f}"
@@ -413,12 +416,21 @@ COLUMN_LABELS = {
     "peak_rss_mb": "peak RSS (MB)",
     "peak_in_flight": "peak batches in flight",
     "rounds": "rounds",
+    "point": "point",
+    "R_target_ms": "R target (ms)",
+    "efficiency_ceiling": "efficiency ceiling",
+    "ideal_speedup": "ideal speed-up",
+    "peak_rss_delta_mb": "peak RSS delta (MB)",
+    "batch_mib": "batch (MiB)",
+    "weights_max_abs_diff": "max weight difference",
+    "correct": "correct",
 }
 # Known keys first, in this order; any other scalar key follows in the order the rows first use it.
 COLUMN_ORDER = [
-    "design", "flavour", "depth", "L_over_C", "L_target_ms", "C_target_ms", "R_ms", "L_ms", "C_ms",
-    "n_batches", "time_per_batch_ms", "t_serial_ms", "t_ideal_ms", "efficiency", "speedup", "speedup_vs_serial",
-    "overhead_vs_regular", "overhead_vs_raw", "peak_rss_mb", "peak_in_flight",
+    "design", "flavour", "point", "depth", "L_over_C", "L_target_ms", "C_target_ms", "R_target_ms", "R_ms", "L_ms",
+    "C_ms", "n_batches", "batch_mib", "time_per_batch_ms", "t_serial_ms", "t_ideal_ms", "efficiency",
+    "efficiency_ceiling", "speedup", "ideal_speedup", "speedup_vs_serial", "overhead_vs_regular", "overhead_vs_raw",
+    "peak_rss_mb", "peak_rss_delta_mb", "peak_in_flight", "correct", "weights_max_abs_diff",
 ]
 HIDDEN_COLUMNS = {"role"}  # shown by marking the design cell instead
 
@@ -481,12 +493,14 @@ def _target_rule(spec: dict[str, Any]) -> str:
     if metric is None or compare is None or threshold is None:
         return "–"
     shown = _fmt_number(str(metric), threshold) if _number(threshold) else _cell(threshold)
-    return f"{_code(metric)} {_cell(compare).replace('>=', '≥').replace('<=', '≤')} {shown}"
+    return f"{_code(metric)} {_cell(str(compare).replace('>=', '≥').replace('<=', '≤'))} {shown}"
 
 
 def _target_result_cell(result: dict[str, Any], metric: str) -> str:
     value = result.get("value")
     text = _fmt_number(metric, value) if _scalar(value) else _code(json.dumps(value))
+    if result.get("point") is not None:
+        text = f"{_cell(result['point'])}: {text}"
     if _number(result.get("limit")):
         text += f" (limit {_fmt_number(metric, result['limit'])})"
     met = result.get("met")
@@ -521,6 +535,8 @@ def _notes_table(notes: Any) -> str:
     for key, value in notes.items():
         if isinstance(value, list) and all(_number(v) for v in value):
             text = ", ".join(_fmt_number(key, v) for v in value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            text = "; ".join(_cell(v) for v in value) or "none"
         elif isinstance(value, dict):
             text = "; ".join(f"{k} {_fmt_number(k, v)}" for k, v in value.items() if _scalar(v))
         else:
@@ -589,10 +605,18 @@ def block_bench_notes(inputs: Inputs, page_dir: Path) -> str:
 # --------------------------------------------------------------------------------------------------- plot
 
 
+PLOT_SCENARIOS = ("S1", "S5")  # the first one a results file has rows for is plotted (S5: a GPU file)
+
+
+def plot_scenario(data: dict[str, Any]) -> str:
+    scenarios = data.get("scenarios") or {}
+    return next((s for s in PLOT_SCENARIOS if scenarios.get(s)), PLOT_SCENARIOS[0])
+
+
 def plot_points(data: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
-    """S1 design rows as design -> sorted [(L/C, efficiency)]: exactly what the plot draws (and its hash covers)."""
+    """Design rows as design -> sorted [(L/C, efficiency)]: exactly what the plot draws (and its hash covers)."""
     points: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for row in (data.get("scenarios") or {}).get("S1") or []:
+    for row in (data.get("scenarios") or {}).get(plot_scenario(data)) or []:
         if not isinstance(row, dict) or _is_baseline(row):
             continue
         ratio, eff = _ratio(row), row.get("efficiency")
@@ -603,7 +627,8 @@ def plot_points(data: dict[str, Any]) -> dict[str, list[tuple[float, float]]]:
 
 
 def _plot_target(data: dict[str, Any]) -> tuple[float, str] | None:
-    spec = (data.get("targets") or {}).get("S1") if isinstance(data.get("targets"), dict) else None
+    targets = data.get("targets") if isinstance(data.get("targets"), dict) else {}
+    spec = targets.get(plot_scenario(data))
     if isinstance(spec, dict) and spec.get("metric") == "efficiency" and _number(spec.get("threshold")):
         return float(spec["threshold"]), str(spec.get("what") or "S1 target")
     return None
@@ -615,7 +640,7 @@ def plot_hash(data: dict[str, Any]) -> str:
         "version": PLOT_VERSION,
         "points": plot_points(data),
         "target": _plot_target(data),
-        "title": [setup.get("machine"), setup.get("git_commit")],
+        "title": [plot_scenario(data), setup.get("machine"), setup.get("git_commit")],
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -650,7 +675,7 @@ def draw_plot(data: dict[str, Any], kind: str, path: Path) -> None:
     ax.set_ylabel("overlap efficiency\n(T_serial - T) / (T_serial - T_ideal)")
     setup = data.get("setup") or {}
     ax.set_title(
-        f"S1 efficiency per design, {setup.get('machine', kind)}\ncommit {str(setup.get('git_commit', '?'))[:12]}",
+        f"{plot_scenario(data)} efficiency per design, {setup.get('machine', kind)}\ncommit {str(setup.get('git_commit', '?'))[:12]}",
         fontsize=8,
     )
     ax.grid(True, alpha=0.3)
@@ -669,12 +694,13 @@ def block_plot_efficiency(inputs: Inputs, page_dir: Path) -> str:
     for kind, data in inputs.benchmarks.items():
         name = plot_file(kind)
         if not plot_points(data):
-            out.append(f"No S1 design rows with L/C and efficiency in {_code('benchmarks-' + kind + '.json')}: no plot.")
+            out.append(f"No S1 or S5 design rows with L/C and efficiency in {_code('benchmarks-' + kind + '.json')}: "
+                       "no plot.")
             continue
         out.append(
             _bench_setup(data, kind)
             + "\n\n"
-            + f"![Overlap efficiency against L/C per design ({kind})]({_rel(inputs.out_dir / name, page_dir)})\n"
+            + f"![{plot_scenario(data)} overlap efficiency against L/C per design ({kind})]({_rel(inputs.out_dir / name, page_dir)})\n"
             + f"<!-- plot {name} data-sha256={plot_hash(data)} -->"
         )
     return "\n\n".join(out)
@@ -747,7 +773,7 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
             metric = str(spec.get("metric", ""))
             if len(mine) > 2:  # many variants (e.g. every depth): count them, list only the misses
                 missed = [r for r in mine if r.get("met") is False]
-                text = f"{len(mine) - len(missed)} of {len(mine)} variants met"
+                text = f"{len(mine) - len(missed)} of {len(mine)} results met"
                 text += "".join(f"<br>{_code(r.get('design'))}: {_target_result_cell(r, metric)}" for r in missed)
                 row.append(text)
                 continue
