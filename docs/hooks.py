@@ -31,14 +31,14 @@ def registered_modules() -> list[str]:
     raise RuntimeError(f"{REGISTRY}: no _DESIGN_MODULES tuple found; docs/hooks.py reads the registry from it")
 
 
-def design_pages() -> list[str]:
-    """``rfc/designs/<name>.md`` paths relative to docs/, registered designs first (registry order)."""
+def design_pages() -> list[dict[str, str]]:
+    """``{name: "rfc/designs/<name>.md"}`` nav entries (paths relative to docs/), registered designs first."""
     if not DESIGN_PAGES.is_dir():
         return []
     pages = {p.stem: p for p in DESIGN_PAGES.glob("*.md")}
     order = [m.rsplit(".", 1)[-1] for m in registered_modules()]
     names = [n for n in order if n in pages] + sorted(n for n in pages if n not in order)
-    return [f"rfc/designs/{pages[n].name}" for n in names]
+    return [{n: f"rfc/designs/{pages[n].name}"} for n in names]
 
 
 def _fill_designs(nav: list[Any]) -> bool:
