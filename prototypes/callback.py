@@ -78,8 +78,9 @@ class BatchFeed:
         self.consumed = self.steps = 0
         self.lookahead = None
 
-    def attach(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Called at every step with the iterator Lightning passed; Lightning makes a new one each epoch."""
+    def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Called at every step call with the iterator Lightning passed; Lightning makes a new one each epoch."""
+        self.steps += 1
         self._trainer, self._module = trainer, pl_module
         if source is not self._source:
             self._source, self._exhausted = source, False
@@ -157,22 +158,27 @@ class DataloaderIterCallback(Callback):
 
     def __init__(self) -> None:
         self.feed = BatchFeed()
+        self._installed_step: Callable | None = None  # the wrapper this callback put on the module
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit" or not takes_dataloader_iter(pl_module.training_step):
             return  # the regular flavour (C1) is left entirely to Lightning
         if "training_step" in vars(pl_module):
             raise RuntimeError(
-                f"{type(pl_module).__name__}.training_step is already replaced on this instance (a second "
-                "DataloaderIterCallback, or another wrapper). Use one DataloaderIterCallback per Trainer."
+                f"{type(pl_module).__name__}.training_step is already replaced on this instance (by another "
+                "wrapper); DataloaderIterCallback wraps the class's own step. Remove the instance attribute."
             )
         self.feed.start_epoch()
-        pl_module.training_step = self._wrap_step(trainer, pl_module, pl_module.training_step)
+        self._installed_step = self._wrap_step(trainer, pl_module, pl_module.training_step)
+        pl_module.training_step = self._installed_step
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit" and "training_step" in vars(pl_module):
-            del pl_module.training_step  # the class's method shows through again
-        self.feed.detach()
+        if stage == "fit":
+            self._unwrap_step(pl_module)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning skips the teardown hooks when fit raises; unwrap here so the module can be fitted again.
+        self._unwrap_step(pl_module)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Not called when a run resumes mid-epoch, so restored counts carry on.
@@ -181,7 +187,7 @@ class DataloaderIterCallback(Callback):
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = trainer.num_training_batches
         cut_by_step_count = self.feed.steps >= total > self.feed.consumed
-        if cut_by_step_count and not _max_steps_reached(trainer):
+        if self._installed_step is not None and cut_by_step_count and not _max_steps_reached(trainer):
             rank_zero_warn(
                 f"The training epoch ended after {self.feed.steps} step calls with only {self.feed.consumed} of "
                 f"{total} batches consumed: Lightning ends an epoch after num_training_batches step calls, and "
@@ -197,6 +203,12 @@ class DataloaderIterCallback(Callback):
         # Lightning's checkpointed loader state counts this batch as delivered: hand it out first.
         self.feed.lookahead = state_dict["lookahead"]
 
+    def _unwrap_step(self, pl_module: pl.LightningModule) -> None:
+        if self._installed_step is not None and vars(pl_module).get("training_step") is self._installed_step:
+            del pl_module.training_step  # the class's method shows through again
+        self._installed_step = None
+        self.feed.detach()
+
     def _wrap_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, user_step: Callable) -> Callable:
         feed = self.feed
 
@@ -204,10 +216,9 @@ class DataloaderIterCallback(Callback):
         # dataloader_iter flavour and passes its iterator as the one positional argument.
         @functools.wraps(user_step)
         def training_step(dataloader_iter: Iterator[Item]) -> Any:
-            feed.attach(dataloader_iter, trainer, pl_module)
+            feed.begin_step(dataloader_iter, trainer, pl_module)
             if not feed.has_next():  # Lightning could not tell the epoch was over: end it, the step not entered
                 raise StopIteration
-            feed.steps += 1
             step_iter = StepIterator(feed)
             try:
                 output = user_step(step_iter)
