@@ -14,6 +14,7 @@ from prototypes.common import Design
 _DESIGN_MODULES = (
     "prototypes.upstream",
     "prototypes.batch_processor",
+    "prototypes.callback",
 )
 
 IMPLEMENTATIONS: dict[str, Design] = {
