@@ -194,6 +194,13 @@ def test_regular_flavour_is_left_alone():
     assert shadowed and not any(shadowed)
 
 
+def test_empty_unsized_loader_never_enters_the_step():
+    module = IterStepModule()
+    trainer(max_epochs=2).fit(module, make_loader("unsized", n_items=0))
+    assert module.record.steps == []
+    assert module.record.hook_names().count("on_train_epoch_end") == 2
+
+
 def test_iterator_used_after_its_step_returned_raises_naming_the_fix():
     class KeepsIterator(IterStepModule):
         kept = None
