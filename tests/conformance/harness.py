@@ -8,12 +8,16 @@ batch they were given, what ``next(dataloader_iter)`` returned, optimizer steps)
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
 import math
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import pytest
 import pytorch_lightning as pl
 import torch
@@ -59,6 +63,23 @@ class UnsizedItems(IterableDataset):
         return (item(i) for i in range(start, self.n, step))
 
 
+class DatasetBroke(Exception):
+    """Raised by :class:`FailingItems`; a type of its own, so the suite can tell it reached the caller unchanged."""
+
+
+class FailingItems(SizedItems):
+    """Sized items whose item ``fail_at`` raises ``error`` (a DatasetBroke by default) when loaded."""
+
+    def __init__(self, n: int, fail_at: int, error: type[BaseException] = DatasetBroke) -> None:
+        super().__init__(n)
+        self.fail_at, self.error = fail_at, error
+
+    def __getitem__(self, i: int):
+        if i == self.fail_at:
+            raise self.error(f"item {i} cannot be loaded")
+        return item(i)
+
+
 def make_loader(kind: str = "sized", n_items: int = 14, num_workers: int = 0, batch_size: int = BATCH_SIZE) -> DataLoader:
     """A real DataLoader over ``n_items`` items; ``kind`` is ``"sized"`` or ``"unsized"``."""
     dataset = {"sized": SizedItems, "unsized": UnsizedItems}[kind](n_items)
@@ -75,6 +96,37 @@ def ids(batch: Any) -> tuple[int, ...]:
 def loader_sequence(loader: DataLoader) -> list[tuple[int, ...]]:
     """The loader's own sequence of batches, read directly: what every design must hand out, in order."""
     return [ids(b) for b in loader]
+
+
+@dataclass(frozen=True)
+class Running:
+    """The threads and child processes alive at one moment."""
+
+    threads: frozenset
+    children: frozenset
+
+    @classmethod
+    def now(cls) -> Running:
+        return cls(
+            frozenset(t for t in threading.enumerate() if t.is_alive()),
+            frozenset(p.pid for p in psutil.Process().children(recursive=True)),
+        )
+
+
+def assert_nothing_left(before: Running, grace_s: float = 10.0) -> None:
+    """No thread or child process started since ``before`` is still alive (after a grace period for exits)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        gc.collect()  # DataLoader workers shut down when their iterator is collected; reference cycles delay that
+        now = Running.now()
+        threads, children = now.threads - before.threads, now.children - before.children
+        if not threads and not children:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"left running after the run: threads {sorted(t.name for t in threads)}, child pids {sorted(children)}"
+            )
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------------------------------- trainer
@@ -149,12 +201,12 @@ class Record:
         return [b[0] for step in self.steps for b in step]
 
     def received_in_epochs(self) -> list[list[tuple]]:
-        """``(ids, batch_idx)`` of each batch a step received, one list per epoch that started."""
+        """``(ids, batch_idx)`` of each batch a step received, one list per epoch (a resumed epoch has no start)."""
         per_epoch: list[list[tuple]] = []
         for event in self.events:
-            if event[0] == "on_train_epoch_start":
+            if event[0] == "on_train_epoch_start" or (event[0] == "next" and not per_epoch):
                 per_epoch.append([])
-            elif event[0] == "next":
+            if event[0] == "next":
                 per_epoch[-1].append((event[1], event[2]))
         return per_epoch
 

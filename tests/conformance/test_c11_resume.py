@@ -1,0 +1,117 @@
+"""C11 Exactly-once resume: after a crash, resuming from the last checkpoint delivers exactly the unconsumed batches.
+
+A run with torchdata's ``StatefulDataLoader`` and ``ModelCheckpoint(every_n_train_steps=k)`` crashes (an exception
+from the step, before it consumes anything) at step call ``crash_at``; a fresh Trainer and module then resume with
+``fit(..., ckpt_path=last.ckpt)``. The checkpoint was written after step call ``j = k * (crash_at // k)``, so the
+resumed run must receive the loader's sequence from the first batch not consumed by then, with that batch's index,
+and end with the same ``global_step`` and batch progress as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tests.conformance.harness import BATCH_SIZE, IterStepModule, SizedItems, make_trainer, split_by_pattern
+
+pytestmark = pytest.mark.clause("C11")
+
+
+class Crash(Exception):
+    """The simulated failure."""
+
+
+class CrashingModule(IterStepModule):
+    def __init__(self, pattern, crash_at: int | None = None, first_call: int = 0) -> None:
+        super().__init__(pattern)
+        self.crash_at = crash_at
+        self.step_calls = first_call  # a resumed module continues the pattern where the checkpoint left it
+
+    def training_step(self, dataloader_iter):
+        if self.step_calls == self.crash_at:
+            raise Crash(f"crash at step call {self.crash_at}")
+        return super().training_step(dataloader_iter)
+
+
+def stateful_loader(n_items: int, workers: int = 0) -> StatefulDataLoader:
+    return StatefulDataLoader(SizedItems(n_items), batch_size=BATCH_SIZE, num_workers=workers)
+
+
+def crash_and_resume(design, tmp_path, *, pattern, interval, crash_at, n_items, epochs=1, workers=0, loader=None):
+    loader = loader or (lambda: stateful_loader(n_items, workers))
+    checkpoints = tmp_path / "checkpoints"
+
+    def trainer():
+        every = ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=interval, save_last=True, save_top_k=-1)
+        return make_trainer(design, max_epochs=epochs, enable_checkpointing=True, callbacks=[every])
+
+    first = CrashingModule(pattern, crash_at=crash_at)
+    with pytest.raises(Crash):
+        trainer().fit(first, loader())
+    saved_after = interval * (crash_at // interval)
+    resumed = CrashingModule(pattern, first_call=saved_after)
+    resumed_trainer = trainer()
+    resumed_trainer.fit(resumed, loader(), ckpt_path=str(checkpoints / "last.ckpt"))
+    return first, resumed, resumed_trainer, saved_after
+
+
+def expected_after_resume(pattern, n_items, epochs, saved_after):
+    """``[(ids, batch_idx), ...]`` still owed after the first ``saved_after`` step calls, and the final counters."""
+    sequence = [tuple(range(i, min(i + BATCH_SIZE, n_items))) for i in range(0, n_items, BATCH_SIZE)]
+    groups = split_by_pattern(list(enumerate(sequence)), pattern)
+    steps = [group for _ in range(epochs) for group in groups]  # every step call of an uninterrupted run
+    owed = [(batch, index) for group in steps[saved_after:] for index, batch in group]
+    complete = sum(len(group) == pattern[k % len(pattern)] for k, group in enumerate(groups))
+    return owed, complete * epochs, len(sequence)
+
+
+def check_resumed(design, tmp_path, pattern, interval, crash_at, n_items, epochs=1, workers=0):
+    _, resumed, trainer, saved_after = crash_and_resume(
+        design, tmp_path, pattern=pattern, interval=interval, crash_at=crash_at, n_items=n_items, epochs=epochs,
+        workers=workers,
+    )
+    owed, global_steps, batches_per_epoch = expected_after_resume(pattern, n_items, epochs, saved_after)
+    received = [(batch, index) for epoch in resumed.record.received_in_epochs() for batch, index in epoch]
+    assert received == owed, f"checkpoint after step call {saved_after}: resumed run received {received}, owed {owed}"
+    assert trainer.global_step == global_steps
+    assert trainer.fit_loop.epoch_loop.batch_progress.current.completed == batches_per_epoch
+
+
+PATTERNS = st.lists(st.integers(1, 3), min_size=1, max_size=4)
+
+
+@given(pattern=PATTERNS, interval=st.integers(1, 3), crash_offset=st.integers(0, 8))
+def test_resume_delivers_exactly_the_unconsumed_batches(design, tmp_path_factory, pattern, interval, crash_offset):
+    n_items = 20  # 10 batches: at least 4 step calls per epoch, so a crash after the first checkpoint always fits
+    steps_per_epoch = len(split_by_pattern(range(n_items // BATCH_SIZE), pattern))
+    crash_at = min(interval + crash_offset, steps_per_epoch - 1)
+    check_resumed(design, tmp_path_factory.mktemp("run"), pattern, interval, crash_at, n_items)
+
+
+@pytest.mark.parametrize(
+    "interval,crash_at",
+    [
+        pytest.param(2, 3, id="saved-at-epoch-end"),
+        pytest.param(3, 4, id="saved-mid-epoch-1"),
+        pytest.param(1, 5, id="saved-mid-epoch-2"),
+    ],
+)
+def test_resume_across_the_epoch_boundary(design, tmp_path, interval, crash_at):
+    # 8 items = 4 batches taken 2 per step: 2 step calls per epoch, 4 epochs.
+    check_resumed(design, tmp_path, (2,), interval, crash_at, n_items=8, epochs=4)
+
+
+def test_resume_with_loader_workers(design, tmp_path):
+    check_resumed(design, tmp_path, (1, 2), 2, 5, n_items=20, workers=2)
+
+
+def test_resume_with_a_loader_that_cannot_resume_warns(design, tmp_path):
+    from torch.utils.data import DataLoader
+
+    with pytest.warns(Warning, match="(?i)resum"):
+        crash_and_resume(
+            design, tmp_path, pattern=(2,), interval=2, crash_at=3, n_items=20,
+            loader=lambda: DataLoader(SizedItems(20), batch_size=BATCH_SIZE),
+        )
