@@ -8,8 +8,9 @@ User code::
         def training_step(self, dataloader_iter):
             batch, batch_idx, dataloader_idx = next(dataloader_iter)  # transfer hooks applied, on self.device
             loss = self.model(batch).mean()
-            if not dataloader_iter.done:  # one-batch look-ahead: True once the last batch was handed out
-                ...
+            if not dataloader_iter.done:  # exact, for sized and unsized loaders
+                extra, _, _ = next(dataloader_iter)  # a step may take 0, 1 or more batches
+                loss = loss + self.model(extra).mean()
             self.log("loss", loss, batch_size=len(batch))  # batch_size= still needed, as upstream
             return loss
 
@@ -30,16 +31,17 @@ instance with a wrapper of the same signature. Each call, the wrapper hands the 
   ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (through ``strategy.batch_to_device``), as the regular
   flavour does;
 - numbers batches itself (``batch_idx`` from 0 per epoch; the count is callback state, so it survives a resume);
-- for unsized loaders looks one batch ahead at the start and end of every step, so ``done`` is exact and the step is
-  never entered on an exhausted iterator (for sized loaders Lightning's own ``done`` is already exact, and a
-  look-ahead there could only hurt: fetching the last batch early would end the epoch before it is consumed);
+- knows whether a batch remains, so ``done`` is exact and the step is never entered on an exhausted iterator: for a
+  sized loader by counting against ``trainer.num_training_batches`` (fetching ahead there could only hurt: Lightning
+  ends the epoch once its iterator has handed out the last batch, consumed or not), for an unsized one by holding
+  one batch back (fetched when ``done`` is asked, and at the start and end of every step);
 - refuses use after its step returned, and turns a stray ``StopIteration`` (one not caused by running out of data)
   into an error instead of a silently shortened epoch.
 
 What stays Lightning's and is out of a callback's reach: the loop's batch progress counts step calls (progress
 counters and ``val_check_interval`` count steps, not batches), the batch/batch_idx that ``on_train_batch_start`` /
-``on_train_batch_end`` receive come from the fetcher's private cache, and ``self.log`` infers ``batch_size`` from that
-same cache. See ``rfc/designs/callback.md``.
+``on_train_batch_end`` receive come from the fetcher's private cache, and ``self.log`` refuses to run without
+``batch_size=`` in a ``dataloader_iter`` step. See ``rfc/designs/callback.md``.
 """
 
 from __future__ import annotations
