@@ -58,3 +58,21 @@ class Design:
                 f"design {self.name!r} has no option(s) {unknown}; its options are {accepted or 'none'}"
             )
         return replace(self, options={**self.options, **options})
+
+
+def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
+    """Whether *every* rank can start another step call: the ranks' vote on the end of data.
+
+    Why: under DDP each step call ends in a gradient all-reduce. A rank whose shard ends early (an unevenly
+    sharded IterableDataset) and stops would leave its peers blocked in that collective until the process-group
+    timeout (the hang of HF Accelerate #2258). One all-reduce(MIN) of a one-element flag per step call makes all
+    ranks stop at the same step call. Without a process group it returns ``has_batch`` unchanged.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
+        return has_batch
+    flag = torch.tensor([int(has_batch)], device=trainer.strategy.root_device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
