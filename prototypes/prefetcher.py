@@ -41,7 +41,7 @@ from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFe
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.progress import _BatchProgress
-from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
+from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from prototypes.common import Design, takes_dataloader_iter
@@ -125,6 +125,12 @@ class Prefetcher:
 
 
 # ------------------------------------------------------------------------------------------------ the fetcher
+_FOREIGN_STOP_ITERATION = (
+    "training_step raised StopIteration while dataloader_iter still has batches, so it did not come from"
+    " dataloader_iter; ending the epoch here would silently skip the remaining batches. Catch StopIteration from"
+    " other iterators inside the step."
+)
+
 class _Produced(NamedTuple):
     batch: Any
     dataloader_idx: int
@@ -182,7 +188,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
         self.consumed_in_step = 0
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
-        self.ran_out_in_step = False  # the step's own next() found no batch left
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._step_iterator: _StepIterator | None = None
@@ -214,7 +219,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.step_calls += 1
         self.consumed_in_step = 0
         self.step_batches = []
-        self.ran_out_in_step = False
         self._step_iterator = _StepIterator(self)
         return self._step_iterator
 
@@ -222,7 +226,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
         head = self._peek()
         if head is None:
-            self.ran_out_in_step = True
             raise StopIteration
         self._head = None
         self.prefetcher.release()
@@ -248,10 +251,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def _peek(self) -> _Produced | None:
         if self._head is None and not self._exhausted:
+            self._head = self._take()
             if self.length is not None and self.fetched >= self.length:
-                self._exhausted = True  # a sized loader needs no look-ahead to know its end
-            else:
-                self._head = self._take()
+                # Why ask the loader once more although Lightning's length (limit_train_batches included) is
+                # reached: a loader that ended yields the state that makes a resumed run start the next epoch rather
+                # than an empty rest of this one; a batch beyond a limit is dropped.
+                self._head, self._exhausted = None, True
         return self._head
 
     def _take(self) -> _Produced | None:
@@ -272,7 +277,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             # and the allocator must not hand these buffers back to the side stream while the step still uses them.
             compute_stream = torch.cuda.current_stream(self.copy_stream.device)
             compute_stream.wait_event(produced.ready)
-            apply_to_collection(produced.batch, torch.Tensor, lambda t: t.record_stream(compute_stream))
+            for tensor in _cuda_tensors(produced.batch):
+                tensor.record_stream(compute_stream)
         if not self.transfer_ahead:
             produced = produced._replace(batch=self._transfer(produced.batch, produced.dataloader_idx))
         return produced
@@ -286,15 +292,15 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         loader_states = self._loader_states()  # snapshot on the thread that drives the loader: consistent
         ready = None
         if self.transfer_ahead and self.copy_stream is not None:
+            # Why set the device: a new thread starts on device 0, whatever device this rank trains on.
             with torch.cuda.device(self.copy_stream.device), torch.cuda.stream(self.copy_stream):
-                pinned = apply_to_collection(batch, torch.Tensor, lambda t: t if t.is_pinned() else t.pin_memory())
-                batch = self._transfer(pinned, dataloader_idx)  # non_blocking copies: the source is pinned
+                batch = self._transfer(batch, dataloader_idx, pin=True)
                 ready = self.copy_stream.record_event()
         elif self.transfer_ahead:
             batch = self._transfer(batch, dataloader_idx)
         return _Produced(batch, dataloader_idx, loader_states, ready)
 
-    def _transfer(self, batch: Any, dataloader_idx: int) -> Any:
+    def _transfer(self, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
         """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
 
         Why not ``trainer._call_lightning_module_hook``: it sets ``module._current_fx_name``, which the main thread's
@@ -308,6 +314,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
         batch = trainer.precision_plugin.convert_input(batch)
         batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
+        if pin:  # Why: a copy from pageable memory is synchronous even with non_blocking=True (apex #304)
+            batch = apply_to_collection(batch, torch.Tensor, lambda t: t if t.is_pinned() else t.pin_memory())
         batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
         return hook("on_after_batch_transfer")(batch, dataloader_idx)
 
@@ -381,14 +389,24 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
 
     def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
         fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher) or self.trainer.strategy.handles_gradient_accumulation:
+        if not isinstance(fetcher, _PrefetchingIterFetcher):
             return super().run(optimizer, batch_idx, kwargs)
-        accumulating = self.trainer.fit_loop._should_accumulate()
-        outputs = super().run(optimizer, batch_idx, kwargs)
-        self.gradients_pending = accumulating
-        if accumulating and fetcher.done:
-            # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs; only
-            # now is it known that this call consumed the last batch.
+        strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
+        accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
+        try:
+            outputs = super().run(optimizer, batch_idx, kwargs)
+        except StopIteration:
+            if not fetcher.done:
+                raise RuntimeError(_FOREIGN_STOP_ITERATION) from None
+            # Why: the step's next() found the end of the data, aborting the closure (and with it the optimizer
+            # step, if this call was to take one): no backward ran, earlier calls' gradients are still pending.
+            # Returning lets Lightning's loop finish the call as usual (end hooks, batch counts).
+            outputs = {}
+        else:
+            self.gradients_pending = accumulating
+        if self.gradients_pending and fetcher.done:
+            # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs;
+            # only now is it known that this call took the last batch.
             self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
             self.step_on_pending_gradients(batch_idx)
         return outputs
@@ -433,22 +451,19 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
         self.automatic_optimization.gradients_pending = False  # the new epoch's first step call zeroes them
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
-        if (fetcher := self._prefetching(data_fetcher)) is None:
-            return super().advance(data_fetcher)
         try:
             super().advance(data_fetcher)
-        except StopIteration:
-            if fetcher.ran_out_in_step:
-                # Why: the step's own next() ended the epoch and Lightning abandoned the call; the batches it took
-                # are consumed and count, and the gradients of earlier calls in the window get their final step.
-                self.batch_progress.increment_processed()
-                self.batch_progress.increment_completed()
-                self.batch_progress.is_last_batch = True
-                if self.trainer.lightning_module.automatic_optimization:
-                    self.automatic_optimization.step_on_pending_gradients(fetcher._batch_idx)
-            raise
         finally:
-            fetcher.close_step()
+            if (fetcher := self._prefetching(data_fetcher)) is not None:
+                fetcher.close_step()
+
+    def update_restart_stage(self) -> None:
+        super().update_restart_stage()
+        total = self.batch_progress.total
+        if self.restarting and self._prefetching() and total.ready == total.started == total.processed > total.completed:
+            # Why: Lightning recognises a checkpoint saved in on_train_batch_end by completed == processed - 1 (one
+            # batch per step call); here that call may have consumed several batches.
+            self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
 
     def _accumulated_batches_reached(self) -> bool:
         if (fetcher := self._prefetching()) is None:
@@ -456,11 +471,14 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
         return fetcher.step_calls % self.trainer.accumulate_grad_batches == 0
 
     def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
-        if super()._should_check_val_fx(data_fetcher):
+        if (fetcher := self._prefetching(data_fetcher)) is None:
+            return super()._should_check_val_fx(data_fetcher)
+        # Why None: given a dataloader_iter fetcher, Lightning validates at every epoch end because its counts are
+        # step calls; this fetcher's counts are batches, so the regular flavour's rule applies.
+        if super()._should_check_val_fx(None):
             return True
-        fetcher = self._prefetching(data_fetcher)
         interval = self.trainer.val_check_batch
-        if fetcher is None or not self._should_check_val_epoch() or interval in (None, float("inf")):
+        if not self._should_check_val_epoch() or interval in (None, float("inf")):
             return False
         # Why: Lightning validates when the batch count is a multiple of the interval; a step consuming several
         # batches can step over the multiple, so validate at the first step boundary at or past it.
@@ -528,6 +546,12 @@ class _PrefetchingFitLoop(_FitLoop):
     def teardown(self) -> None:
         super().teardown()
         self._copy_stream = None
+
+
+def _cuda_tensors(batch: Any) -> list[torch.Tensor]:
+    tensors: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, lambda t: tensors.append(t) if t.is_cuda else None)
+    return tensors
 
 
 def _log_inferring_batch_size(module: pl.LightningModule, fit_loop: _PrefetchingFitLoop, *args: Any, **kwargs: Any):
