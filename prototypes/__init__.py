@@ -13,6 +13,7 @@ from prototypes.common import Design
 
 _DESIGN_MODULES = (
     "prototypes.upstream",
+    "prototypes.prefetcher",
     "prototypes.batch_processor",
     "prototypes.callback",
 )
