@@ -76,3 +76,54 @@ def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     flag = torch.tensor([int(has_batch)], device=trainer.strategy.root_device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def refuse_mixed_step_signature(step: Callable[..., Any], hook_name: str) -> None:
+    """Raise a clear error when a step asks for ``dataloader_iter`` *and* a batch (clause C14).
+
+    Lightning selects the flavour by the parameter name and then calls the step with the iterator alone, so a
+    ``training_step(self, batch, dataloader_iter)`` would otherwise fail with Python's "missing 1 required
+    positional argument", which names neither the conflict nor the fix.
+    """
+    parameters = inspect.signature(step).parameters
+    if DATALOADER_ITER not in parameters:
+        return
+    required = [
+        name
+        for name, p in parameters.items()
+        if name not in (DATALOADER_ITER, "self")
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if required:
+        taken = ", ".join(f"`{name}`" for name in required)
+        raise TypeError(
+            f"`{hook_name}` takes both `dataloader_iter` and {taken}: a step receives either a batch "
+            f"(`{hook_name}(self, batch, batch_idx)`) or the iterator (`{hook_name}(self, dataloader_iter)`), not "
+            f"both. Remove {taken} and get each batch with `batch, batch_idx, dataloader_idx = next(dataloader_iter)`,"
+            " or drop `dataloader_iter` to use the regular flavour."
+        )
+
+
+class NoProgressGuard:
+    """Stops a run whose step keeps returning without consuming a batch while batches remain (clause C14).
+
+    A design that looks ahead knows a batch is pending, so it would call such a step forever. ``LIMIT`` consecutive
+    empty step calls is far above any deliberate pattern (a step that skips a few calls to wait for async work)
+    and far below a visible hang.
+    """
+
+    LIMIT = 100
+
+    def __init__(self) -> None:
+        self.empty_calls = 0
+
+    def step_returned(self, consumed: int) -> None:
+        self.empty_calls = 0 if consumed else self.empty_calls + 1
+        if self.empty_calls >= self.LIMIT:
+            raise RuntimeError(
+                f"`training_step(dataloader_iter)` returned {self.LIMIT} times in a row without consuming a batch "
+                "while batches remain, so the epoch can never end. Call `next(dataloader_iter)` in the step (at "
+                "least once every few calls), or stop the epoch explicitly: return -1 from `on_train_batch_start` "
+                "or set `trainer.should_stop = True`."
+            )
