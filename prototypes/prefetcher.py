@@ -40,6 +40,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.utilities.data import extract_batch_size
@@ -47,6 +48,9 @@ from pytorch_lightning.utilities.data import extract_batch_size
 from prototypes.common import Design, takes_dataloader_iter
 
 _POLL_S = 0.1  # how often a blocked producer or consumer re-checks that the other side is still there
+# Why a limit: a step that never calls next() would otherwise spin forever on a loader that never ends the epoch.
+# Far above the few empty calls in a row a real pipeline makes.
+_MAX_EMPTY_STEP_CALLS = 100
 
 
 # ------------------------------------------------------------------------------------------------ the queue
@@ -187,6 +191,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.prefetcher: Prefetcher | None = None
         self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
         self.consumed_in_step = 0
+        self.empty_step_calls = 0  # consecutive step calls that consumed nothing
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
@@ -213,8 +218,14 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         head = self._peek()
         if head is None:
             raise StopIteration
-        if self._step_iterator is not None:
-            self._step_iterator.close()
+        self.empty_step_calls = self.empty_step_calls + 1 if self.step_calls and not self.consumed_in_step else 0
+        if self.empty_step_calls >= _MAX_EMPTY_STEP_CALLS:
+            raise RuntimeError(
+                f"{self.empty_step_calls} training_step calls in a row took no batch from `dataloader_iter` although"
+                " batches remain: training makes no progress. Call `next(dataloader_iter)` in training_step, or end"
+                " training with `max_steps` / `trainer.should_stop`."
+            )
+        self.close_step()
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, self.fetched, head.dataloader_idx
         self.step_calls += 1
         self.consumed_in_step = 0
@@ -242,7 +253,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if self._step_iterator is not None:
             self._step_iterator.close()
             self._step_iterator = None
-        self.step_batches = []
 
     def step_batch_size(self) -> int:
         """Samples the current step call consumed (before its first next(): the batch it will get)."""
@@ -335,8 +345,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def reset(self) -> None:
         super().reset()
-        self.step_calls = 0
-        self.consumed_in_step = 0
+        self.step_calls = self.consumed_in_step = self.empty_step_calls = 0
 
     def teardown(self) -> None:
         self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them
@@ -404,6 +413,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             outputs = {}
         else:
             self.gradients_pending = accumulating
+        finally:
+            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
         if self.gradients_pending and fetcher.done:
             # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs;
             # only now is it known that this call took the last batch.
@@ -433,6 +444,15 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         return zero_grad_fn
 
 
+class _StepCallManualOptimization(_ManualOptimization):
+    def run(self, kwargs: Any) -> Any:
+        try:
+            return super().run(kwargs)
+        finally:
+            if isinstance(fetcher := self.trainer.fit_loop._data_fetcher, _PrefetchingIterFetcher):
+                fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+
+
 class _PrefetchingEpochLoop(_TrainingEpochLoop):
     """Lightning's training epoch loop; with the prefetching fetcher, accumulation and validation intervals follow
     step calls and consumed batches instead of one batch per step call."""
@@ -441,6 +461,7 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
         self.batch_progress = _ConsumedBatchProgress()
         self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
+        self.manual_optimization = _StepCallManualOptimization(trainer)
 
     def _prefetching(self, data_fetcher: Any = None) -> _PrefetchingIterFetcher | None:
         fetcher = data_fetcher if data_fetcher is not None else self.trainer.fit_loop._data_fetcher
@@ -449,13 +470,6 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
         self.automatic_optimization.gradients_pending = False  # the new epoch's first step call zeroes them
-
-    def advance(self, data_fetcher: _DataFetcher) -> None:
-        try:
-            super().advance(data_fetcher)
-        finally:
-            if (fetcher := self._prefetching(data_fetcher)) is not None:
-                fetcher.close_step()
 
     def update_restart_stage(self) -> None:
         super().update_restart_stage()
@@ -505,6 +519,7 @@ class _PrefetchingFitLoop(_FitLoop):
         # Why a setter: `_FitLoop.setup_data` assigns Lightning's choice and then calls setup/iter on it; replacing it
         # here, before that, avoids starting the loader (and its workers) twice.
         if type(fetcher) is _DataLoaderIterDataFetcher:
+            _refuse_batch_parameters(self.trainer.lightning_module.training_step)
             fetcher = _PrefetchingIterFetcher(self.trainer, self.depth, self.transfer_ahead, self._side_stream())
         self.__dict__["_data_fetcher"] = fetcher
         if fetcher is not None:
@@ -546,6 +561,24 @@ class _PrefetchingFitLoop(_FitLoop):
     def teardown(self) -> None:
         super().teardown()
         self._copy_stream = None
+
+
+def _refuse_batch_parameters(step: Callable[..., Any]) -> None:
+    """Lightning hands a ``dataloader_iter`` step nothing else; a further required parameter would fail on the first
+    call with a bare TypeError, after a batch was already peeked."""
+    others = [
+        name
+        for name, parameter in inspect.signature(step).parameters.items()
+        if name != "dataloader_iter"
+        and parameter.default is parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if others:
+        raise TypeError(
+            f"training_step takes `dataloader_iter` and {', '.join(f'`{n}`' for n in others)}: a step with"
+            f" `dataloader_iter` pulls its batches itself, so take only `dataloader_iter` (remove {', '.join(others)})"
+            " and get `(batch, batch_idx, dataloader_idx)` from `next(dataloader_iter)`."
+        )
 
 
 def _cuda_tensors(batch: Any) -> list[torch.Tensor]:

@@ -1,0 +1,406 @@
+"""What the conformance suite cannot see in the prefetcher design: the queue itself, the bound, the thread's life,
+the loader state recorded for the consumed batches, and that loading overlaps the step."""
+
+from __future__ import annotations
+
+import gc
+import signal
+import threading
+import time
+import traceback
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from prototypes import IMPLEMENTATIONS
+from prototypes.prefetcher import Prefetcher
+from tests.conformance.harness import IterStepModule, SizedItems, item, make_loader, make_trainer
+
+PREFETCHER = IMPLEMENTATIONS["prefetcher"]
+DEPTHS = [0, 1, 2, 4]
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("prefetcher")]
+
+
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+class Counting:
+    """``produce`` for the queue: yields 0, 1, 2, ... up to ``n`` and records how many it produced."""
+
+    def __init__(self, n: int, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.n, self.fail_at, self.delay = n, fail_at, delay
+        self.produced = 0
+
+    def __call__(self) -> int:
+        if self.produced == self.fail_at:
+            raise OddError(self.produced, "broken item")
+        if self.produced >= self.n:
+            raise StopIteration
+        time.sleep(self.delay)
+        self.produced += 1
+        return self.produced - 1
+
+
+class OddError(Exception):
+    """An exception whose constructor takes two arguments: re-creating it (as ExceptionWrapper does) would fail."""
+
+    def __init__(self, index: int, what: str) -> None:
+        super().__init__(f"{what} at {index}")
+        self.index = index
+
+
+def drain(prefetcher: Prefetcher) -> list:
+    out = []
+    while True:
+        try:
+            out.append(prefetcher.get())
+        except StopIteration:
+            return out
+        prefetcher.release()
+
+
+# ------------------------------------------------------------------------------------------------ the queue
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_queue_hands_out_everything_in_order_then_keeps_raising_stop_iteration(depth):
+    prefetcher = Prefetcher(Counting(50), depth)
+    assert drain(prefetcher) == list(range(50))
+    with pytest.raises(StopIteration):
+        prefetcher.get()
+    prefetcher.shutdown()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_queue_never_runs_more_than_depth_ahead_of_releases(depth):
+    source = Counting(100)
+    prefetcher = Prefetcher(source, depth)
+    prefetcher.start()
+    for released in range(5):
+        assert wait_until(lambda: source.produced == depth + released), f"produced {source.produced}"
+        time.sleep(0.05)  # give an unbounded producer the chance to overshoot
+        assert source.produced == depth + released
+        prefetcher.get()
+        prefetcher.release()
+    prefetcher.shutdown()
+
+
+def test_depth_zero_starts_no_thread_and_produces_on_demand():
+    source = Counting(3)
+    prefetcher = Prefetcher(source, 0)
+    assert source.produced == 0 and not prefetch_threads()
+    assert prefetcher.get() == 0 and source.produced == 1
+    assert not prefetch_threads()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_an_error_reaches_the_consumer_as_the_same_object_with_its_traceback(depth):
+    prefetcher = Prefetcher(Counting(10, fail_at=3), depth)
+    got = []
+    with pytest.raises(OddError) as raised:
+        while True:
+            got.append(prefetcher.get())
+            prefetcher.release()
+    assert got == [0, 1, 2], "items before the failure arrive first"
+    assert raised.value.index == 3
+    frames = [frame.name for frame in traceback.extract_tb(raised.value.__traceback__)]
+    assert "__call__" in frames, f"the producer's frame is missing from the traceback: {frames}"
+    with pytest.raises(StopIteration):  # afterwards the queue is finished, not hanging
+        prefetcher.get()
+    assert wait_until(lambda: not prefetch_threads())
+
+
+@pytest.mark.timeout(20)
+def test_shutdown_of_a_blocked_producer_returns_and_is_idempotent():
+    prefetcher = Prefetcher(Counting(1000), 2)
+    assert prefetcher.get() == 0  # the consumer stops early: the producer is blocked on a full queue
+    started = time.monotonic()
+    prefetcher.shutdown()
+    prefetcher.shutdown()
+    assert time.monotonic() - started < 2.0
+    assert not prefetch_threads()
+
+
+@pytest.mark.timeout(20)
+def test_shutdown_waits_for_a_produce_call_in_progress():
+    source = Counting(1000, delay=0.3)
+    prefetcher = Prefetcher(source, 2)
+    prefetcher.start()
+    time.sleep(0.05)  # the thread is inside the first (slow) produce call
+    prefetcher.shutdown()
+    assert not prefetch_threads(), "shutdown returned while the thread was still running"
+    assert source.produced == 1
+
+
+def test_bad_depth_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="int >= 0"):
+        Prefetcher(Counting(1), -1)
+    with pytest.raises(ValueError, match="depth"):
+        PREFETCHER.variant(depth=-2).trainer()
+
+
+# ------------------------------------------------------------------------------------------------ in a Trainer
+def quiet_trainer(depth: int, **kwargs):
+    return make_trainer(PREFETCHER.variant(depth=depth), **kwargs)
+
+
+class DatasetError(Exception):
+    """A plain one-argument exception: DataLoader workers can re-create it in the main process."""
+
+
+class FailingSizedItems(SizedItems):
+    def __init__(self, n: int, fail_at: int) -> None:
+        super().__init__(n)
+        self.fail_at = fail_at
+
+    def __getitem__(self, i: int):
+        if i == self.fail_at:
+            raise DatasetError(f"dataset failed at item {i}")
+        return super().__getitem__(i)
+
+
+class StepFails(IterStepModule):
+    def training_step(self, dataloader_iter):
+        if self.step_calls == 2:
+            raise OddError(2, "step failed")
+        return super().training_step(dataloader_iter)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize(
+    "stop",
+    ["end", "max_steps", "minus_one", "step_raises", "dataset_raises", "loader_worker_raises", "keyboard_interrupt"],
+)
+def test_no_prefetch_thread_outlives_the_run(depth, stop):
+    before = set(threading.enumerate())
+    module, loader, kwargs = IterStepModule((1,)), make_loader(n_items=16), {}
+    if stop == "max_steps":
+        kwargs = {"max_steps": 2}
+    elif stop == "minus_one":
+        module = IterStepModule((1,), stop_epoch_at_step=2)
+    elif stop == "step_raises":
+        module = StepFails((1,))
+    elif stop in ("dataset_raises", "loader_worker_raises"):
+        workers = 2 if stop == "loader_worker_raises" else 0
+        loader = DataLoader(FailingSizedItems(16, fail_at=9), batch_size=2, num_workers=workers)
+    elif stop == "keyboard_interrupt":
+        module = Interrupting((1,))
+    trainer = quiet_trainer(depth, max_epochs=2, **kwargs)
+    expected = {"step_raises": OddError, "dataset_raises": DatasetError, "loader_worker_raises": DatasetError,
+                "keyboard_interrupt": SystemExit}.get(stop)  # Lightning's interrupt path tears down, then exits
+    handler = signal.getsignal(signal.SIGINT)  # Lightning ignores SIGINT after a KeyboardInterrupt
+    try:
+        trainer.fit(module, loader)
+    except BaseException as error:
+        if expected is None or not isinstance(error, expected):
+            raise
+    else:
+        assert expected is None, f"fit returned although the run should raise {expected.__name__}"
+        assert module.record.received, "the run consumed nothing: the check below would prove nothing"
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    # Why collect: the exception's traceback holds the DataLoader iterator (and its worker queues) until freed.
+    gc.collect()
+    assert wait_until(lambda: set(threading.enumerate()) <= before), (
+        f"left running: {set(threading.enumerate()) - before}"
+    )
+
+
+class Interrupting(IterStepModule):
+    def training_step(self, dataloader_iter):
+        if self.step_calls == 3:
+            raise KeyboardInterrupt
+        return super().training_step(dataloader_iter)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", [0, 2])
+def test_a_dataset_error_keeps_its_type_and_traceback_and_the_trainer_can_run_again(depth):
+    module = IterStepModule((1,))
+    trainer = quiet_trainer(depth)
+    with pytest.raises(DatasetError) as raised:
+        trainer.fit(module, DataLoader(FailingSizedItems(16, fail_at=9), batch_size=2))
+    frames = [frame.name for frame in traceback.extract_tb(raised.value.__traceback__)]
+    assert "__getitem__" in frames, frames
+    assert [b for b in module.record.received] == [(0, 1), (2, 3), (4, 5), (6, 7)], "batches before the failure"
+    again = IterStepModule((1,))
+    quiet_trainer(depth).fit(again, make_loader(n_items=16))
+    assert len(again.record.received) == 8
+
+
+# ------------------------------------------------------------------------------------------------ loader state
+class RecordsState(IterStepModule):
+    """Records, after each next(), the loader state a checkpoint would record and the loader's live state."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.recorded: list[int] = []
+        self.live: list[int] = []
+
+    def training_step(self, dataloader_iter):
+        out = super().training_step(dataloader_iter)
+        time.sleep(0.02)  # let the producer run ahead
+        fit_loop = self.trainer.fit_loop
+        self.recorded.append(fit_loop.on_save_checkpoint()["combined_loader"][0]["_num_yielded"])
+        self.live.append(fit_loop._combined_loader.flattened[0].state_dict()["_num_yielded"])
+        return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_checkpointed_loader_state_matches_the_consumed_batches(depth):
+    module = RecordsState((1, 2))
+    quiet_trainer(depth).fit(module, StatefulDataLoader(SizedItems(20), batch_size=2))
+    consumed = [sum(len(s) for s in module.record.steps[: k + 1]) for k in range(len(module.record.steps))]
+    assert module.recorded == consumed
+    if depth:
+        # the loader itself ran ahead: without the per-batch snapshot the checkpoint would skip batches
+        assert any(live > done for live, done in zip(module.live, consumed)), (module.live, consumed)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashingAt(IterStepModule):
+    def __init__(self, crash_at: int | None) -> None:
+        super().__init__((2,))
+        self.crash_at = crash_at
+
+    def training_step(self, dataloader_iter):
+        if self.step_calls == self.crash_at:
+            raise Crash
+        return super().training_step(dataloader_iter)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", [1, 4])
+def test_resumed_run_redelivers_prefetched_but_unconsumed_batches(depth, tmp_path):
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    def trainer():
+        checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_last=True, save_top_k=-1)
+        return quiet_trainer(depth, enable_checkpointing=True, callbacks=[checkpoint])
+
+    def loader():
+        return StatefulDataLoader(SizedItems(24), batch_size=2)
+
+    first = CrashingAt(crash_at=3)  # checkpoint after step call 2 (4 batches), crash before consuming in call 3
+    with pytest.raises(Crash):
+        trainer().fit(first, loader())
+    assert first.record.received == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11)]
+    resumed = CrashingAt(crash_at=None)
+    trainer().fit(resumed, loader(), ckpt_path=str(tmp_path / "last.ckpt"))
+    # batches 4..5 were consumed after the checkpoint and 6.. were prefetched: all are owed again, in order
+    assert resumed.record.received == [tuple(range(i, i + 2)) for i in range(8, 24, 2)]
+    assert [index for _, index, _ in (b for s in resumed.record.steps for b in s)] == list(range(4, 12))
+
+
+# ------------------------------------------------------------------------------------------------ threads and hooks
+class RecordsThreads(IterStepModule):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.transfer_threads: set[str] = set()
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.transfer_threads.add(threading.current_thread().name)
+        return batch
+
+
+@pytest.mark.parametrize(
+    "options,where",
+    [({"depth": 0}, "MainThread"), ({"depth": 2}, "prefetcher-batches"),
+     ({"depth": 2, "transfer_ahead": False}, "MainThread")],
+    ids=["depth0", "ahead", "transfer-on-main"],
+)
+def test_transfer_hooks_run_where_the_options_say(options, where):
+    module = RecordsThreads((1,))
+    make_trainer(PREFETCHER.variant(**options)).fit(module, make_loader(n_items=8))
+    assert module.transfer_threads == {where}
+
+
+def test_regular_flavour_keeps_lightnings_own_fetcher():
+    from pytorch_lightning.loops.fetchers import _PrefetchDataFetcher
+
+    from tests.conformance.harness import RegularStepModule
+
+    seen = []
+
+    class Regular(RegularStepModule):
+        def on_train_batch_start(self, batch, batch_idx):
+            seen.append(type(self.trainer.fit_loop._data_fetcher))
+            return super().on_train_batch_start(batch, batch_idx)
+
+    make_trainer(PREFETCHER).fit(Regular(), make_loader(n_items=4))
+    assert seen and all(kind is _PrefetchDataFetcher for kind in seen)
+
+
+# ------------------------------------------------------------------------------------------------ overlap
+class SlowItems(Dataset):
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return item(i)
+
+
+class SlowStep(IterStepModule):
+    """Sleeps ``delay`` in each step and measures the epoch from its start hook to its end hook."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__((1,))
+        self.delay = delay
+        self.epoch_seconds = 0.0
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self.epoch_seconds = -time.perf_counter()
+
+    def training_step(self, dataloader_iter):
+        out = super().training_step(dataloader_iter)
+        time.sleep(self.delay)
+        return out
+
+    def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
+        self.epoch_seconds += time.perf_counter()
+
+
+@pytest.mark.timeout(60)
+def test_loading_overlaps_the_step():
+    # Loading and the step each take L per batch: serially an epoch costs about 2 * L * n, overlapped (n + 1) * L.
+    delay, n = 0.04, 12
+
+    def epoch_seconds(depth: int) -> float:
+        module = SlowStep(delay)
+        quiet_trainer(depth).fit(module, DataLoader(SlowItems(n, delay), batch_size=1))
+        assert len(module.record.received) == n
+        return module.epoch_seconds
+
+    serial, overlapped = epoch_seconds(0), epoch_seconds(2)
+    assert overlapped < 0.8 * serial, f"an epoch at depth 2 took {overlapped:.2f}s, serially (depth 0) {serial:.2f}s"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream path needs CUDA")
+def test_cuda_batches_arrive_on_the_device_from_the_side_stream():
+    module = IterStepModule((2,))
+    make_trainer(PREFETCHER, accelerator="cuda").fit(module, make_loader(n_items=32, num_workers=2))
+    assert module.record.devices and all(device.type == "cuda" for device in module.record.devices)
+    assert module.record.received == [tuple(range(i, i + 2)) for i in range(0, 32, 2)]
