@@ -41,6 +41,7 @@ step takes ``dataloader_iter``) is met by an instance-level ``log`` on the modul
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -48,56 +49,82 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
+from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher
-from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
+from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.prediction_loop import _PredictionLoop
+from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.loops.utilities import _no_grad_context
 from pytorch_lightning.trainer import call
+from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from prototypes.common import Design, takes_dataloader_iter
+from prototypes.common import (
+    Design,
+    NoProgressGuard,
+    every_rank_has_a_batch,
+    refuse_mixed_step_signature,
+    takes_dataloader_iter,
+)
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
 
 USED_AFTER_STEP = (
-    "dataloader_iter was used after the training_step that received it returned. The loop counts, transfers"
-    " and checkpoints batches per step call, so call next(dataloader_iter) only inside the step that received"
-    " it; to use a batch in a later step, keep the batch, not the iterator."
+    "dataloader_iter was used after the {step} that received it returned. The loop counts, transfers and"
+    " checkpoints batches per step call, so call next(dataloader_iter) only inside the step that received it; to"
+    " use a batch in a later step, keep the batch, not the iterator."
 )
 STOP_WITH_BATCHES_LEFT = (
-    "training_step raised StopIteration although dataloader_iter still has batches, so it did not come from"
-    " dataloader_iter; ending the epoch here would silently skip the remaining batches. Catch StopIteration from"
-    " your own iterators inside training_step."
+    "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
+    " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
+    " iterators inside {step}."
 )
 
 
 class LookAhead:
-    """The epoch's batches, fetched one ahead of the step so the loop knows whether another remains.
+    """The run's batches, fetched one ahead of the step so the loop knows whether another remains.
 
     ``fetch`` returns the next raw ``(batch, batch_idx, dataloader_idx)`` or raises ``StopIteration``; it is
-    never called again after that. ``transfer`` moves a batch to the device; it runs once per batch, when the
-    batch is first needed (handed out or shown to ``on_train_batch_start``), not when it is fetched, so a
-    step that pipelines its own work decides when the copy happens.
+    never called again after that. ``transfer(batch, dataloader_idx)`` moves a batch to the device; it runs once
+    per batch, when the batch is first needed (handed out or shown to a batch-start hook), not when it is
+    fetched, so a step that pipelines its own work decides when the copy happens. ``snapshot``, if given,
+    returns the loaders' state; ``consumed_state`` is then their state as of the batches taken so far (the
+    batch held back excluded), which is what a checkpoint must record.
     """
 
-    def __init__(self, fetch: Callable[[], Item], transfer: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, fetch: Callable[[], Item], transfer: Callable[[Any, int], Any], snapshot: Callable[[], Any] | None = None
+    ) -> None:
         self._fetch = fetch
         self._transfer = transfer
+        self._snapshot = snapshot or (lambda: None)
         self._head: Item | None = None
         self._head_transferred = False
         self._fetch_error: Exception | None = None
         self.exhausted = False
+        self.consumed_state: Any = None
         self._fetch_head()
 
     def _fetch_head(self) -> None:
+        # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
+        self.consumed_state = self._snapshot()
         try:
             self._head = self._fetch()
         except StopIteration:
             self._head, self.exhausted = None, True
+            # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
+            self.consumed_state = self._snapshot()
         except Exception as error:
             # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
             # raise it when that batch is asked for, with its original type and traceback
             self._head, self._fetch_error = None, error
         self._head_transferred = False
+
+    def exhausted_for(self, dataloader_idx: int) -> bool:
+        """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
+        return self.exhausted or (self._head is not None and self._head[2] != dataloader_idx)
 
     def peek(self) -> Item:
         """The next batch, transferred, without taking it; ``StopIteration`` when none remains."""
@@ -107,7 +134,7 @@ class LookAhead:
             raise StopIteration
         if not self._head_transferred:
             batch, batch_idx, dataloader_idx = self._head
-            self._head = (self._transfer(batch), batch_idx, dataloader_idx)
+            self._head = (self._transfer(batch, dataloader_idx), batch_idx, dataloader_idx)
             self._head_transferred = True
         return self._head
 
@@ -119,40 +146,66 @@ class LookAhead:
 
 
 class StepIterator(Iterator):
-    """What ``training_step(self, dataloader_iter)`` receives: valid for one step call only.
+    """What ``*_step(self, dataloader_iter)`` receives: valid for one step call, over one dataloader.
 
-    ``next()`` returns ``(batch, batch_idx, dataloader_idx)``; ``done`` is True once the epoch's last batch
-    was handed out. After the step returns, the loop closes the iterator and ``next()`` raises a
-    ``RuntimeError`` naming the fix (a batch taken then would belong to no step).
+    ``next()`` returns ``(batch, batch_idx, dataloader_idx)`` as ``hand_out`` passes it on (the loop counts it
+    there); ``done`` is True once the last batch of ``dataloader_idx`` was handed out. After the step returns,
+    the loop closes the iterator and ``next()`` raises a ``RuntimeError`` naming the fix (a batch taken then
+    would belong to no step).
     """
 
-    def __init__(self, hand_out: Callable[[], Item], batches: LookAhead) -> None:
-        self._hand_out = hand_out
+    def __init__(
+        self, batches: LookAhead, hand_out: Callable[[Item], Item], dataloader_idx: int = 0, step: str = "training_step"
+    ) -> None:
         self._batches = batches
+        self._hand_out = hand_out
+        self._dataloader_idx = dataloader_idx
+        self._step = step
         self._closed = False
 
     def __next__(self) -> Item:
         if self._closed:
-            raise RuntimeError(USED_AFTER_STEP)
-        return self._hand_out()
+            raise RuntimeError(USED_AFTER_STEP.format(step=self._step))
+        if self._batches.exhausted_for(self._dataloader_idx):
+            raise StopIteration
+        return self._hand_out(self._batches.take())
 
     @property
     def done(self) -> bool:
-        return self._batches.exhausted
+        return self._batches.exhausted_for(self._dataloader_idx)
 
     def close(self) -> None:
         self._closed = True
+
+
+def _fetch(data_fetcher: _DataFetcher) -> Item:
+    # the combined loader does not stop at a `limit_*_batches`; the fetcher's `done` counts against it
+    if data_fetcher.done:
+        raise StopIteration
+    # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
+    return _DataFetcher.__next__(data_fetcher)
+
+
+def _transfer(trainer: pl.Trainer, batch: Any, dataloader_idx: int) -> Any:
+    # the regular flavour's transfer path, hooks included
+    batch = trainer.precision_plugin.convert_input(batch)
+    batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=dataloader_idx)
+    return call._call_strategy_hook(trainer, "batch_to_device", batch, dataloader_idx=dataloader_idx)
 
 
 class IteratorTrainingEpochLoop(_TrainingEpochLoop):
     """Lightning's training epoch loop, processing batches itself when ``training_step`` pulls them.
 
     Progress, limits, ``max_steps``, validation intervals, checkpoints and the progress bar count batches;
-    ``accumulate_grad_batches`` and the optimizer hooks' ``batch_idx`` count step calls.
+    ``accumulate_grad_batches`` and the optimizer hooks' ``batch_idx`` count step calls. Validation during fit
+    (and its sanity check) runs through :class:`IteratorEvaluationLoop`.
     """
 
     def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
+        self.val_loop = IteratorEvaluationLoop(
+            trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False
+        )
         self._steps_pull_batches = False
         self._batches: LookAhead | None = None
         self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
@@ -162,10 +215,14 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
         self._module_with_supplied_log: pl.LightningModule | None = None
+        self._no_progress = NoProgressGuard()
+        self._stateful_loaders = False
 
     def run(self, data_fetcher: _DataFetcher) -> None:
-        self._steps_pull_batches = takes_dataloader_iter(self.trainer.lightning_module.training_step)
+        step = self.trainer.lightning_module.training_step
+        self._steps_pull_batches = takes_dataloader_iter(step)
         if self._steps_pull_batches:
+            refuse_mixed_step_signature(step, "training_step")  # before on_run_start fetches a batch
             self._supply_log_batch_size()
         super().run(data_fetcher)
 
@@ -173,31 +230,39 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         super().on_run_start(data_fetcher)
         if not self._steps_pull_batches:
             return
-        self._step_calls = self._last_step_consumed = 0
+        if self.batch_progress.current.ready == 0:  # not resuming mid-epoch: the restored counts stand otherwise
+            self._step_calls = self._last_step_consumed = 0
         self._window_open, self._window_loss = False, None
         self._last_handed_out = (None, -1)
-        self._batches = LookAhead(partial(self._fetch, data_fetcher), self._transfer)
-        # an unsized loader that is empty this epoch ends it before any step call
-        self.batch_progress.is_last_batch = self._batches.exhausted
+        self._no_progress = NoProgressGuard()
+        self._stateful_loaders = bool(self._loader_states())
+        snapshot = self._loader_states if self._stateful_loaders else None
+        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(_transfer, self.trainer), snapshot)
+        # an unsized loader that is empty this epoch (on any rank) ends it before any step call
+        self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
 
-    @staticmethod
-    def _fetch(data_fetcher: _DataFetcher) -> Item:
-        # the combined loader does not stop at `limit_train_batches`; the fetcher's `done` counts against it
-        if data_fetcher.done:
-            raise StopIteration
-        # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
-        return _DataFetcher.__next__(data_fetcher)
+    def _fetch(self, data_fetcher: _DataFetcher) -> Item:
+        if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
+            # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
+            # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
+            try:
+                next(data_fetcher.iterator)  # no batch is left: the limits do not cut the loaders
+            except StopIteration:
+                pass
+        return _fetch(data_fetcher)
 
-    def _transfer(self, batch: Any) -> Any:
-        # the regular flavour's transfer path, hooks included (Lightning's training loop uses dataloader_idx=0)
-        trainer = self.trainer
-        batch = trainer.precision_plugin.convert_input(batch)
-        batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=0)
-        return call._call_strategy_hook(trainer, "batch_to_device", batch, dataloader_idx=0)
+    def _epoch_uncut(self) -> bool:
+        loader = self.trainer.fit_loop._combined_loader
+        return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits))
 
-    def _hand_out(self) -> Item:
-        assert self._batches is not None
-        batch, batch_idx, dataloader_idx = self._batches.take()
+    def _loader_states(self) -> list[dict]:
+        loader = self.trainer.fit_loop._combined_loader
+        return loader._state_dicts() if loader is not None else []
+
+    def _hand_out(self, item: Item) -> Item:
+        batch, _, dataloader_idx = item
+        # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
+        batch_idx = self.batch_progress.current.ready
         self.batch_progress.increment_ready()
         self.batch_progress.increment_started()
         self.batch_progress.is_last_batch = self._batches.exhausted
@@ -254,7 +319,8 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
             self._broadcast_sigterm_tensor()
 
         trainer = self.trainer
-        batch, batch_idx, _ = self._batches.peek()  # `done` was False, so a batch (or its fetch error) is there
+        batch, _, _ = self._batches.peek()  # `done` was False, so a batch (or its fetch error) is there
+        batch_idx = self.batch_progress.current.ready
         trainer._logger_connector.on_batch_start(batch)
         self._step_batches = []
         call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
@@ -265,8 +331,17 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
             raise StopIteration  # how `_TrainingEpochLoop.run` is told to end the epoch; nothing was consumed
 
         batch_output = self._run_step()
+        self._no_progress.step_returned(self._last_step_consumed)
 
-        self.batch_progress.is_last_batch = self._batches.exhausted
+        # Why vote (one all-reduce per step call): a rank whose shard ran out must not stop alone while its peers
+        # enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers drops its rest
+        has_batch = not self._batches.exhausted
+        self.batch_progress.is_last_batch = not every_rank_has_a_batch(trainer, has_batch)
+        if has_batch and self.batch_progress.is_last_batch:
+            warnings.warn(
+                f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
+                " shards), and all ranks stop at the same step call. Give every rank the same number of batches."
+            )
         for _ in range(self._last_step_consumed):
             self.batch_progress.increment_processed()
         self.update_lr_schedulers("step", update_plateau_schedulers=False)
@@ -287,7 +362,7 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         trainer = self.trainer
         self._step_calls += 1
         consumed_before = self.batch_progress.current.ready
-        dataloader_iter = StepIterator(self._hand_out, self._batches)
+        dataloader_iter = StepIterator(self._batches, self._hand_out)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
         try:
             with trainer.profiler.profile("run_training_batch"):
@@ -296,7 +371,7 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
             if not self._batches.exhausted:
-                raise RuntimeError(STOP_WITH_BATCHES_LEFT) from None
+                raise RuntimeError(STOP_WITH_BATCHES_LEFT.format(step="training_step")) from None
             # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
             # window still get their step, as Lightning steps on an epoch's final batch
             if self._window_open:
@@ -340,6 +415,37 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self.automatic_optimization._optimizer_step(self._step_calls - 1, computed_loss)
         self._window_open, self._window_loss = False, None
 
+    # ---- checkpoints and resume
+    def on_save_checkpoint(self) -> dict:
+        state_dict = super().on_save_checkpoint()
+        state_dict["step_calls"] = self._step_calls
+        state_dict["last_step_consumed"] = self._last_step_consumed
+        return state_dict
+
+    def on_load_checkpoint(self, state_dict: dict) -> None:
+        super().on_load_checkpoint(state_dict)
+        self._step_calls = state_dict.get("step_calls", 0)
+        self._last_step_consumed = state_dict.get("last_step_consumed", 0)
+
+    def loader_states_consumed(self) -> list[dict] | None:
+        """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
+        return self._batches.consumed_state if self._steps_pull_batches and self._batches is not None else None
+
+    def update_restart_stage(self) -> None:
+        super().update_restart_stage()
+        total = self.batch_progress.total
+        if self.restarting and total.ready == total.started == total.processed > total.completed:
+            # Why: Lightning recognises a checkpoint written in on_train_batch_end by completed == processed - 1
+            # (one batch per step call); here the call that wrote it may have consumed several batches
+            self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
+
+    def reset(self) -> None:
+        if self.restarted_on_train_batch_end:
+            # Lightning's reset completes the one batch of that call; complete the others it consumed first
+            while self.batch_progress.total.completed < self.batch_progress.total.processed - 1:
+                self.batch_progress.increment_completed()
+        super().reset()
+
     def _accumulated_batches_reached(self) -> bool:
         if not self._steps_pull_batches:
             return super()._accumulated_batches_reached()
@@ -364,15 +470,180 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         return consumed // every > (consumed - self._last_step_consumed) // every
 
 
-def _trainer_with_iterator_loop(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
+class _EvaluationStepsPullBatches:
+    """What :class:`IteratorEvaluationLoop` and :class:`IteratorPredictionLoop` share: the steps of one run.
+
+    The same look-ahead and step iterator as in training, over Lightning's sequential combined loader, with one
+    difference: a step call's iterator covers one dataloader. It stops (``done``, then ``StopIteration``) at that
+    dataloader's last batch; the next dataloader starts with a new step call, as in the regular flavour.
+    ``batch_progress`` counts batches across dataloaders.
+    """
+
+    trainer: pl.Trainer
+    batch_progress: Any
+    _data_fetcher: _DataFetcher | None
+
+    def _pull_batches(self, step: str, hooks: str, several_dataloaders: bool) -> None:
+        trainer, progress = self.trainer, self.batch_progress
+        assert self._data_fetcher is not None
+        batches = LookAhead(partial(_fetch, self._data_fetcher), partial(_transfer, trainer))
+        no_progress = NoProgressGuard()
+        handed_out: list[Item] = []
+
+        def hand_out(item: Item) -> Item:
+            progress.increment_ready()
+            progress.increment_started()
+            progress.is_last_batch = batches.exhausted
+            handed_out.append(item)
+            return item
+
+        previous_dataloader_idx = 0
+        while not batches.exhausted:
+            batch, batch_idx, dataloader_idx = batches.peek()
+            if dataloader_idx != previous_dataloader_idx:
+                self._on_dataloader_change()
+            previous_dataloader_idx = dataloader_idx
+            hook_dataloader_idx = dataloader_idx if several_dataloaders else None
+            hook_args = self._build_kwargs(batch, batch_idx, hook_dataloader_idx).values()
+            self._on_step_start(batch, hook_dataloader_idx)
+            call._call_callback_hooks(trainer, f"on_{hooks}_batch_start", *hook_args)
+            call._call_lightning_module_hook(trainer, f"on_{hooks}_batch_start", *hook_args)
+
+            handed_out.clear()
+            dataloader_iter = StepIterator(batches, hand_out, dataloader_idx, step)
+            cut_short = False
+            try:
+                output = call._call_strategy_hook(trainer, step, dataloader_iter)
+            except StopIteration:
+                if not batches.exhausted_for(dataloader_idx):
+                    raise RuntimeError(STOP_WITH_BATCHES_LEFT.format(step=step)) from None
+                output, cut_short = None, True  # the end of this dataloader's part of the run, not an error
+            finally:
+                dataloader_iter.close()
+            for _ in handed_out:
+                progress.increment_processed()
+
+            if handed_out:
+                batch, batch_idx, _ = handed_out[-1]
+            hook_args = self._build_kwargs(batch, batch_idx, hook_dataloader_idx).values()
+            call._call_callback_hooks(trainer, f"on_{hooks}_batch_end", output, *hook_args)
+            call._call_lightning_module_hook(trainer, f"on_{hooks}_batch_end", output, *hook_args)
+            for _ in handed_out:
+                progress.increment_completed()
+            self._on_step_end(output, dataloader_idx, cut_short)
+            no_progress.step_returned(len(handed_out))
+            self.on_iteration_done()
+
+    def _on_dataloader_change(self) -> None:
+        pass
+
+    def _on_step_start(self, batch: Any, hook_dataloader_idx: int | None) -> None:
+        pass
+
+    def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
+        pass
+
+
+class IteratorEvaluationLoop(_EvaluationStepsPullBatches, _EvaluationLoop):
+    """Lightning's validation/test loop; runs the steps itself when ``validation_step``/``test_step`` pull batches."""
+
+    def run(self) -> list:
+        name = "test_step" if self.trainer.testing else "validation_step"
+        step = getattr(self.trainer.lightning_module, name)
+        if not takes_dataloader_iter(step):
+            return super().run()
+        refuse_mixed_step_signature(step, name)
+        return self._run_pulling(name)
+
+    @_no_grad_context
+    def _run_pulling(self, step: str) -> list:
+        # `_EvaluationLoop.run` with the fetch-and-step part replaced
+        self.setup_data()
+        if self.skip:
+            return []
+        self.reset()
+        self.on_run_start()
+        several = self._is_sequential and self.num_dataloaders > 1
+        self._pull_batches(step, "test" if self.trainer.testing else "validation", several)
+        self._store_dataloader_outputs()
+        return self.on_run_end()
+
+    def _on_dataloader_change(self) -> None:
+        self._store_dataloader_outputs()
+
+    def _on_step_start(self, batch: Any, hook_dataloader_idx: int | None) -> None:
+        self.trainer._logger_connector.on_batch_start(batch, hook_dataloader_idx)
+
+    def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
+        trainer = self.trainer
+        trainer._logger_connector.on_batch_end()
+        if not trainer.sanity_checking:
+            self._has_run = True
+            trainer._logger_connector.update_eval_step_metrics(self._seen_batches_per_dataloader[dataloader_idx])
+            self._seen_batches_per_dataloader[dataloader_idx] += 1
+        if not self.batch_progress.is_last_batch and trainer.received_sigterm:
+            raise SIGTERMException
+
+
+class IteratorPredictionLoop(_EvaluationStepsPullBatches, _PredictionLoop):
+    """Lightning's prediction loop; runs the steps itself when ``predict_step`` pulls batches."""
+
+    def run(self) -> Any:
+        step = self.trainer.lightning_module.predict_step
+        if not takes_dataloader_iter(step):
+            return super().run()
+        refuse_mixed_step_signature(step, "predict_step")
+        return self._run_pulling()
+
+    @_no_grad_context
+    def _run_pulling(self) -> Any:
+        # `_PredictionLoop.run` with the fetch-and-step part replaced
+        self.setup_data()
+        if self.skip:
+            return None
+        self.reset()
+        self.on_run_start()
+        self._pull_batches("predict_step", "predict", self.num_dataloaders > 1)
+        return self.on_run_end()
+
+    def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
+        if cut_short:  # a call ended by StopIteration returned nothing
+            return
+        if output is None:
+            self._warning_cache.warn("predict returned None if it was on purpose, ignore this warning...")
+        if self._return_predictions:
+            self._predictions[dataloader_idx].append(move_data_to_device(output, torch.device("cpu")))
+
+
+class IteratorFitLoop(_FitLoop):
+    """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
+
+    def on_save_checkpoint(self) -> dict:
+        state_dict = super().on_save_checkpoint()
+        # Why: the loaders ran one batch ahead of the steps; resuming from their live state would skip that batch
+        consumed = self.epoch_loop.loader_states_consumed()
+        if consumed:
+            state_dict["combined_loader"] = consumed
+        return state_dict
+
+
+def _trainer_with_iterator_loops(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
     trainer = pl.Trainer(**trainer_kwargs)
-    stock = trainer.fit_loop.epoch_loop
-    trainer.fit_loop.epoch_loop = IteratorTrainingEpochLoop(trainer, stock.min_steps, stock.max_steps)
+    stock, inference_mode = trainer.fit_loop, trainer.predict_loop.inference_mode
+    trainer.fit_loop = IteratorFitLoop(trainer, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs)
+    trainer.fit_loop.epoch_loop = IteratorTrainingEpochLoop(
+        trainer, stock.epoch_loop.min_steps, stock.epoch_loop.max_steps
+    )
+    trainer.validate_loop = IteratorEvaluationLoop(
+        trainer, TrainerFn.VALIDATING, RunningStage.VALIDATING, inference_mode=inference_mode
+    )
+    trainer.test_loop = IteratorEvaluationLoop(trainer, TrainerFn.TESTING, RunningStage.TESTING, inference_mode=inference_mode)
+    trainer.predict_loop = IteratorPredictionLoop(trainer, inference_mode=inference_mode)
     return trainer
 
 
 DESIGN = Design(
     name="batch_processor",
-    summary="the training epoch loop hands the step a look-ahead iterator; each next() transfers and counts a batch",
-    make_trainer=_trainer_with_iterator_loop,
+    summary="the training and evaluation loops hand the step a look-ahead iterator; each next() transfers and counts a batch",
+    make_trainer=_trainer_with_iterator_loops,
 )

@@ -54,7 +54,7 @@ class Source:
             raise KeyError(f"item {index} is corrupt")
         return f"raw{index}", index, 0
 
-    def transfer(self, batch: str) -> str:
+    def transfer(self, batch: str, dataloader_idx: int) -> str:
         self.transferred.append(int(batch.removeprefix("raw")))
         return batch.replace("raw", "dev")
 
@@ -123,7 +123,7 @@ def test_a_fetch_error_surfaces_at_the_batch_it_belongs_to_with_its_type():
 def test_step_iterator_hands_out_through_the_loop_and_refuses_use_after_close():
     source = Source(3)
     batches = source.look_ahead()
-    step_iter = StepIterator(batches.take, batches)
+    step_iter = StepIterator(batches, lambda item: item)
     assert next(step_iter) == ("dev0", 0, 0)
     assert list(itertools.islice(step_iter, 1)) == [("dev1", 1, 0)]
     assert not step_iter.done
@@ -136,7 +136,7 @@ def test_step_iterator_hands_out_through_the_loop_and_refuses_use_after_close():
 def test_step_iterator_done_and_stop_iteration_at_the_end():
     source = Source(1)
     batches = source.look_ahead()
-    step_iter = StepIterator(batches.take, batches)
+    step_iter = StepIterator(batches, lambda item: item)
     assert [b for b, _, _ in step_iter] == ["dev0"], "a for loop over the iterator ends cleanly"
     assert step_iter.done
     with pytest.raises(StopIteration):
