@@ -249,16 +249,21 @@ class Burner:
         self.ms_per_matmul = self._calibrate()
 
     def _calibrate(self) -> float:
+        """The fastest of many short samples: what the work costs on a core nobody else is using at the moment.
+
+        (A median would bake the load of the moment of calibration into every C of the session; the step-only
+        baselines measure what C actually was, under whatever load there was.)
+        """
         out = torch.empty(self.size, self.size)
         for _ in range(20):
             torch.mm(self.a, self.b, out=out)
         samples = []
-        for _ in range(9):
+        for _ in range(40):
             start = time.perf_counter()
-            for _ in range(20):
+            for _ in range(4):
                 torch.mm(self.a, self.b, out=out)
-            samples.append((time.perf_counter() - start) / 20 * 1000.0)
-        return statistics.median(samples)
+            samples.append((time.perf_counter() - start) / 4 * 1000.0)
+        return min(samples)
 
     def iterations_for(self, ms: float) -> int:
         return max(0, round(ms / self.ms_per_matmul))

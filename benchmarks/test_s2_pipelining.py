@@ -23,7 +23,10 @@ from benchmarks import harness
 from benchmarks.conftest import FEATURES, ROWS
 from prototypes import IMPLEMENTATIONS
 
-pytestmark = pytest.mark.benchmark(group="S2 step-level pipelining (time per batch)", timer=harness.span_clock)
+pytestmark = [
+    pytest.mark.benchmark(group="S2 step-level pipelining (time per batch)", timer=harness.span_clock),
+    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+]
 
 MODES = ("plain", "pipelined")
 CASES = [(who, mode) for who in IMPLEMENTATIONS for mode in MODES]
@@ -105,7 +108,13 @@ def _run(bench, who: str, mode: str, benchmark=None) -> harness.Measurement:
     def once() -> harness.Probe:
         probe = harness.Probe()
         dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="s2-stage-r") as pool:
+        # torch.set_num_threads only sets the calling thread's OpenMP team size: without the initializer, MKL's
+        # matmuls in the pool thread run with one OpenMP thread per core and spin, which made this scenario
+        # 5-10x slower than the unpipelined step on two cores. A user's executor needs the same line.
+        with ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="s2-stage-r", initializer=torch.set_num_threads,
+            initargs=(harness.TORCH_THREADS,),
+        ) as pool:
             module = PipelinedStep(probe, bench.burner, step_iterations, stage_iterations, pool, mode == "pipelined")
             trainer = harness.make_trainer(IMPLEMENTATIONS[who], bench.root)
             harness.fit(trainer, module, harness.loader(dataset))

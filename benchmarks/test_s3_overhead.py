@@ -13,7 +13,10 @@ from benchmarks import harness
 from benchmarks.conftest import FEATURES
 from prototypes import IMPLEMENTATIONS
 
-pytestmark = pytest.mark.benchmark(group="S3 overhead, tiny model, L = 0 (time per batch)", timer=harness.span_clock)
+pytestmark = [
+    pytest.mark.benchmark(group="S3 overhead, tiny model, L = 0 (time per batch)", timer=harness.span_clock),
+    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+]
 
 BASELINES = ("baseline:raw-pytorch", "baseline:regular")
 CASES = [(who, "-") for who in BASELINES] + [

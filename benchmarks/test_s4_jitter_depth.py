@@ -13,7 +13,10 @@ import pytest
 from benchmarks import harness
 from prototypes import IMPLEMENTATIONS
 
-pytestmark = pytest.mark.benchmark(group="S4 jitter and depth (time per batch)", timer=harness.span_clock)
+pytestmark = [
+    pytest.mark.benchmark(group="S4 jitter and depth (time per batch)", timer=harness.span_clock),
+    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+]
 
 DEPTHS = (1, 2, 4, 8)
 DEPTH_DESIGNS = ("prefetcher",)  # named by the issue; skipped with a reason until registered
