@@ -12,15 +12,25 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.batch_processor import IteratorTrainingEpochLoop, LookAhead, StepIterator
+from prototypes.batch_processor import (
+    IteratorEvaluationLoop,
+    IteratorFitLoop,
+    IteratorPredictionLoop,
+    IteratorTrainingEpochLoop,
+    LookAhead,
+    StepIterator,
+)
 from tests.conformance.harness import (
     QUIET,
     IterStepModule,
     RegularStepModule,
     SizedItems,
+    ids,
     loader_sequence,
     make_loader,
     reference_weights,
@@ -143,9 +153,157 @@ def test_step_iterator_done_and_stop_iteration_at_the_end():
         next(step_iter)
 
 
+def test_consumed_state_excludes_the_batch_held_back_and_marks_the_end():
+    source = Source(2)
+    # the state is "items fetched so far"; after the end, the loader says so
+    batches = LookAhead(source.fetch, source.transfer, lambda: ("ended" if source.stop_iterations else len(source.fetched)))
+    assert source.fetched == [0] and batches.consumed_state == 0, "batch 0 is held back, not consumed"
+    batches.take()
+    assert source.fetched == [0, 1] and batches.consumed_state == 1
+    batches.take()
+    assert batches.exhausted and batches.consumed_state == "ended", "nothing held back: the state after the end"
+
+
+def test_consumed_state_is_none_without_a_snapshot():
+    batches = Source(2).look_ahead()
+    batches.take()
+    assert batches.consumed_state is None
+
+
+def test_step_iterator_over_one_dataloader_stops_where_the_next_begins():
+    items = iter([("a0", 0, 0), ("a1", 1, 0), ("b0", 0, 1)])
+    batches = LookAhead(lambda: next(items), lambda batch, dataloader_idx: batch)
+    first = StepIterator(batches, lambda item: item, dataloader_idx=0, step="validation_step")
+    assert [b for b, _, _ in first] == ["a0", "a1"], "the iterator of loader 0 ends at its last batch"
+    assert first.done and not batches.exhausted
+    second = StepIterator(batches, lambda item: item, dataloader_idx=1, step="validation_step")
+    assert not second.done
+    assert next(second) == ("b0", 0, 1) and second.done and batches.exhausted
+    second.close()
+    with pytest.raises(RuntimeError, match="used after the validation_step that received it returned"):
+        next(second)
+
+
 # ------------------------------------------------------------------------------------- with a real Trainer
-def test_trainer_carries_the_design_loop():
-    assert isinstance(trainer().fit_loop.epoch_loop, IteratorTrainingEpochLoop)
+def test_trainer_carries_the_design_loops():
+    fitted = trainer()
+    assert isinstance(fitted.fit_loop, IteratorFitLoop)
+    assert isinstance(fitted.fit_loop.epoch_loop, IteratorTrainingEpochLoop)
+    for loop in (fitted.fit_loop.epoch_loop.val_loop, fitted.validate_loop, fitted.test_loop):
+        assert isinstance(loop, IteratorEvaluationLoop)
+    assert isinstance(fitted.predict_loop, IteratorPredictionLoop)
+    assert fitted.validate_loop.inference_mode and not fitted.fit_loop.epoch_loop.val_loop.inference_mode
+
+
+class SavesEveryStep(IterStepModule):
+    """Notes, at each checkpoint, the loader state the checkpoint holds and the batches consumed so far."""
+
+    def __init__(self, pattern) -> None:
+        super().__init__(pattern)
+        self.saved: list[tuple[int, dict]] = []
+
+    def on_save_checkpoint(self, checkpoint):
+        [state] = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+        epoch_loop = checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]
+        self.saved.append((len(self.record.received), state, epoch_loop["step_calls"]))
+
+
+def _batches_yielded(state: dict) -> int:
+    # StatefulDataLoader's own count; with workers it sits in the main process's snapshot
+    return state["_snapshot"]["_snapshot_step"] if "_snapshot" in state else state["_num_yielded"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_checkpoint_records_the_loader_state_of_the_consumed_batches(tmp_path, workers):
+    # 7 batches, 2 per call: calls [0,1] [2,3] [4,5] [6]; the look-ahead holds one more batch at every save
+    module = SavesEveryStep((2,))
+    every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    loader = StatefulDataLoader(SizedItems(14), batch_size=2, num_workers=workers)
+    trainer(enable_checkpointing=True, callbacks=[every]).fit(module, loader)
+    consumed = [(received, _batches_yielded(state), calls) for received, state, calls in module.saved]
+    assert consumed == [(2, 2, 1), (4, 4, 2), (6, 6, 3)], "the held-back batch is not in the recorded state"
+    # the last call cut short by StopIteration takes no optimizer step, so no checkpoint: check the end state
+    assert not module.saved[-1][1]["_iterator_finished"]
+
+
+def test_a_checkpoint_at_the_epoch_end_records_the_loader_as_ended(tmp_path):
+    # 8 batches, 2 per call: the last save is at the epoch's last batch; resuming from it must start a new epoch
+    module = SavesEveryStep((2,))
+    every = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
+    loader = StatefulDataLoader(SizedItems(16), batch_size=2)
+    trainer(enable_checkpointing=True, callbacks=[every]).fit(module, loader)
+    received, state, _ = module.saved[-1]
+    assert received == 8 and _batches_yielded(state) == 8 and state["_iterator_finished"]
+
+
+class CountsLoaderNexts(StatefulDataLoader):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.items_loaded = 0
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            self.items_loaded += len(batch[0])
+            yield batch
+
+
+def test_a_limited_epoch_does_not_load_past_its_limit():
+    module = IterStepModule((1,))
+    loader = CountsLoaderNexts(SizedItems(14), batch_size=2)
+    trainer(limit_train_batches=3).fit(module, loader)
+    assert len(module.record.received) == 3 and loader.items_loaded == 6
+
+
+class EvaluationHookProbe(IterStepModule):
+    """Validation takes 2 batches per call; notes what on_validation_batch_start/end and the step see."""
+
+    def __init__(self) -> None:
+        super().__init__((1,))
+        self.seen: list[tuple] = []
+
+    def validation_step(self, dataloader_iter):
+        for _ in range(2):
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)
+            self.seen.append(("next", ids(batch), batch_idx, dataloader_idx))
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self.seen.append(("start", ids(batch), batch_idx, dataloader_idx))
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self.seen.append(("end", ids(batch), batch_idx, dataloader_idx))
+
+
+def test_evaluation_hooks_see_the_first_and_last_batch_of_each_call():
+    module = EvaluationHookProbe()
+    trainer().validate(module, [make_loader("sized", n_items=8), make_loader("sized", n_items=4)], verbose=False)
+    assert module.seen == [
+        ("start", (0, 1), 0, 0), ("next", (0, 1), 0, 0), ("next", (2, 3), 1, 0), ("end", (2, 3), 1, 0),
+        ("start", (4, 5), 2, 0), ("next", (4, 5), 2, 0), ("next", (6, 7), 3, 0), ("end", (6, 7), 3, 0),
+        ("start", (0, 1), 0, 1), ("next", (0, 1), 0, 1), ("next", (2, 3), 1, 1), ("end", (2, 3), 1, 1),
+    ]
+
+
+class IdleValidation(IterStepModule):
+    def validation_step(self, dataloader_iter):
+        return None
+
+
+@pytest.mark.timeout(30)
+def test_an_evaluation_step_that_never_consumes_ends_with_an_error():
+    with pytest.raises(RuntimeError, match=r"without consuming a batch"):
+        trainer().validate(IdleValidation((1,)), make_loader("sized"), verbose=False)
+
+
+class RegularEvaluation(IterStepModule):
+    def validation_step(self, batch, batch_idx):
+        self.record.events.append(("validation_step", ids(batch), batch_idx))
+
+
+def test_a_regular_validation_step_runs_lightnings_loop():
+    module = RegularEvaluation((1,))
+    trainer().validate(module, make_loader("sized", n_items=6), verbose=False)
+    assert module.record.events == [("validation_step", (0, 1), 0), ("validation_step", (2, 3), 1),
+                                    ("validation_step", (4, 5), 2)]
 
 
 class FetchLoggingItems(SizedItems):
