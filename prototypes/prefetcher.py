@@ -45,12 +45,15 @@ from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.utilities.data import extract_batch_size
 
-from prototypes.common import Design, takes_dataloader_iter
+from prototypes.common import (
+    Design,
+    NoProgressGuard,
+    every_rank_has_a_batch,
+    refuse_mixed_step_signature,
+    takes_dataloader_iter,
+)
 
 _POLL_S = 0.1  # how often a blocked producer or consumer re-checks that the other side is still there
-# Why a limit: a step that never calls next() would otherwise spin forever on a loader that never ends the epoch.
-# Far above the few empty calls in a row a real pipeline makes.
-_MAX_EMPTY_STEP_CALLS = 100
 
 
 # ------------------------------------------------------------------------------------------------ the queue
@@ -191,16 +194,18 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.prefetcher: Prefetcher | None = None
         self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
         self.consumed_in_step = 0
-        self.empty_step_calls = 0  # consecutive step calls that consumed nothing
+        self.no_progress = NoProgressGuard()
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
+        self._agreed_head: _Produced | None = None  # the head every rank has a batch for
+        self._ended_on_every_rank = False
         self._step_iterator: _StepIterator | None = None
 
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
     @property
     def done(self) -> bool:
-        return self._peek() is None
+        return self._peek_on_every_rank() is None
 
     @done.setter
     def done(self, exhausted: bool) -> None:  # Lightning's reset() declares an empty loader exhausted
@@ -215,16 +220,11 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def __next__(self) -> _StepIterator:
         """Called by the epoch loop before each step: the batch hooks see the batch the step will get first."""
-        head = self._peek()
+        head = self._peek_on_every_rank()
         if head is None:
             raise StopIteration
-        self.empty_step_calls = self.empty_step_calls + 1 if self.step_calls and not self.consumed_in_step else 0
-        if self.empty_step_calls >= _MAX_EMPTY_STEP_CALLS:
-            raise RuntimeError(
-                f"{self.empty_step_calls} training_step calls in a row took no batch from `dataloader_iter` although"
-                " batches remain: training makes no progress. Call `next(dataloader_iter)` in training_step, or end"
-                " training with `max_steps` / `trainer.should_stop`."
-            )
+        if self.step_calls:
+            self.no_progress.step_returned(self.consumed_in_step)  # of the previous call
         self.close_step()
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, self.fetched, head.dataloader_idx
         self.step_calls += 1
@@ -235,7 +235,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def consume(self) -> tuple[Any, int, int]:
         """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
-        head = self._peek()
+        head = self._peek_on_every_rank()
         if head is None:
             raise StopIteration
         self._head = None
@@ -258,6 +258,25 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """Samples the current step call consumed (before its first next(): the batch it will get)."""
         batches = self.step_batches or ([self._batch] if self._batch is not None else [])
         return sum(extract_batch_size(batch) for batch in batches) if batches else 1
+
+    def _peek_on_every_rank(self) -> _Produced | None:
+        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
+
+        Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
+        #2258). The ranks vote once per batch (when it first becomes the next one) and once at the end, so every
+        rank votes the same number of times whoever reads ``done`` how often; all end the epoch together, dropping
+        what longer shards still hold.
+        """
+        if self._ended_on_every_rank:
+            return None
+        head = self._peek()
+        if head is not None and head is self._agreed_head:
+            return head
+        if every_rank_has_a_batch(self.trainer, head is not None):
+            self._agreed_head = head
+            return head
+        self._head, self._exhausted, self._ended_on_every_rank = None, True, True
+        return None
 
     def _peek(self) -> _Produced | None:
         if self._head is None and not self._exhausted:
@@ -345,7 +364,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def reset(self) -> None:
         super().reset()
-        self.step_calls = self.consumed_in_step = self.empty_step_calls = 0
+        self.step_calls = self.consumed_in_step = 0
+        self.no_progress = NoProgressGuard()
+        self._agreed_head, self._ended_on_every_rank = None, False
 
     def teardown(self) -> None:
         self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them
@@ -394,7 +415,7 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
 
     def __init__(self, trainer: pl.Trainer) -> None:
         super().__init__(trainer)
-        self.gradients_pending = False  # backward ran since the last optimizer step
+        self.window_loss: torch.Tensor | None = None  # a loss of the open accumulation window: backward ran, no step
 
     def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
         fetcher = self.trainer.fit_loop._data_fetcher
@@ -412,21 +433,20 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             # Returning lets Lightning's loop finish the call as usual (end hooks, batch counts).
             outputs = {}
         else:
-            self.gradients_pending = accumulating
+            if not accumulating:
+                self.window_loss = None
+            elif outputs.get("loss") is not None:
+                self.window_loss = outputs["loss"]
         finally:
             fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
-        if self.gradients_pending and fetcher.done:
-            # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs;
-            # only now is it known that this call took the last batch.
+        if self.window_loss is not None and fetcher.done:
+            # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs; only
+            # now is it known that this call took the last batch. The closure returns the loss already computed:
+            # mixed-precision plugins skip the step when it returns None.
             self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
-            self.step_on_pending_gradients(batch_idx)
+            loss, self.window_loss = self.window_loss, None
+            self._optimizer_step(batch_idx, lambda: loss)
         return outputs
-
-    def step_on_pending_gradients(self, batch_idx: int) -> None:
-        """An optimizer step on gradients already accumulated (the closure computes nothing new)."""
-        if self.gradients_pending:
-            self._optimizer_step(batch_idx, lambda: None)
-            self.gradients_pending = False
 
     def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
         fetcher = self.trainer.fit_loop._data_fetcher
@@ -469,7 +489,7 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
-        self.automatic_optimization.gradients_pending = False  # the new epoch's first step call zeroes them
+        self.automatic_optimization.window_loss = None  # the new epoch's first step call zeroes the gradients
 
     def update_restart_stage(self) -> None:
         super().update_restart_stage()
@@ -519,7 +539,7 @@ class _PrefetchingFitLoop(_FitLoop):
         # Why a setter: `_FitLoop.setup_data` assigns Lightning's choice and then calls setup/iter on it; replacing it
         # here, before that, avoids starting the loader (and its workers) twice.
         if type(fetcher) is _DataLoaderIterDataFetcher:
-            _refuse_batch_parameters(self.trainer.lightning_module.training_step)
+            refuse_mixed_step_signature(self.trainer.lightning_module.training_step, "training_step")
             fetcher = _PrefetchingIterFetcher(self.trainer, self.depth, self.transfer_ahead, self._side_stream())
         self.__dict__["_data_fetcher"] = fetcher
         if fetcher is not None:
@@ -561,24 +581,6 @@ class _PrefetchingFitLoop(_FitLoop):
     def teardown(self) -> None:
         super().teardown()
         self._copy_stream = None
-
-
-def _refuse_batch_parameters(step: Callable[..., Any]) -> None:
-    """Lightning hands a ``dataloader_iter`` step nothing else; a further required parameter would fail on the first
-    call with a bare TypeError, after a batch was already peeked."""
-    others = [
-        name
-        for name, parameter in inspect.signature(step).parameters.items()
-        if name != "dataloader_iter"
-        and parameter.default is parameter.empty
-        and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    if others:
-        raise TypeError(
-            f"training_step takes `dataloader_iter` and {', '.join(f'`{n}`' for n in others)}: a step with"
-            f" `dataloader_iter` pulls its batches itself, so take only `dataloader_iter` (remove {', '.join(others)})"
-            " and get `(batch, batch_idx, dataloader_idx)` from `next(dataloader_iter)`."
-        )
 
 
 def _cuda_tensors(batch: Any) -> list[torch.Tensor]:
