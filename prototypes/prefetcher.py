@@ -74,7 +74,6 @@ class Prefetcher:
     def __init__(self, produce: Callable[[], Any], depth: int, name: str = "prefetcher") -> None:
         if not isinstance(depth, int) or depth < 0:
             raise ValueError(f"prefetch depth must be an int >= 0 (0 = no background work), got {depth!r}")
-        self.depth = depth
         self._produce = produce
         self._slots = threading.BoundedSemaphore(depth) if depth else None
         self._results: queue.SimpleQueue = queue.SimpleQueue()
@@ -344,7 +343,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         batch = trainer.precision_plugin.convert_input(batch)
         batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
         if pin:  # Why: a copy from pageable memory is synchronous even with non_blocking=True (apex #304)
-            batch = apply_to_collection(batch, torch.Tensor, lambda t: t if t.is_pinned() else t.pin_memory())
+            batch = apply_to_collection(batch, torch.Tensor, _pinned)
         batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
         return hook("on_after_batch_transfer")(batch, dataloader_idx)
 
@@ -494,7 +493,8 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
     def update_restart_stage(self) -> None:
         super().update_restart_stage()
         total = self.batch_progress.total
-        if self.restarting and self._prefetching() and total.ready == total.started == total.processed > total.completed:
+        mid_step = total.ready == total.started == total.processed > total.completed
+        if self.restarting and self._prefetching() and mid_step:
             # Why: Lightning recognises a checkpoint saved in on_train_batch_end by completed == processed - 1 (one
             # batch per step call); here that call may have consumed several batches.
             self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
@@ -583,13 +583,19 @@ class _PrefetchingFitLoop(_FitLoop):
         self._copy_stream = None
 
 
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory() if tensor.device.type == "cpu" and not tensor.is_pinned() else tensor
+
+
 def _cuda_tensors(batch: Any) -> list[torch.Tensor]:
     tensors: list[torch.Tensor] = []
     apply_to_collection(batch, torch.Tensor, lambda t: tensors.append(t) if t.is_cuda else None)
     return tensors
 
 
-def _log_inferring_batch_size(module: pl.LightningModule, fit_loop: _PrefetchingFitLoop, *args: Any, **kwargs: Any):
+def _log_inferring_batch_size(
+    module: pl.LightningModule, fit_loop: _PrefetchingFitLoop, *args: Any, **kwargs: Any
+) -> None:
     """``module.log`` while this design trains: ``batch_size`` defaults to what the step consumed.
 
     Why shadow it on the instance: ``LightningModule.log`` itself refuses the flavour without ``batch_size=``;
@@ -597,7 +603,8 @@ def _log_inferring_batch_size(module: pl.LightningModule, fit_loop: _Prefetching
     """
     bound = _LOG_SIGNATURE.bind(module, *args, **kwargs)
     fetcher = fit_loop._data_fetcher
-    if bound.arguments.get("batch_size") is None and module.trainer.training and isinstance(fetcher, _PrefetchingIterFetcher):
+    unset = bound.arguments.get("batch_size") is None
+    if unset and module.trainer.training and isinstance(fetcher, _PrefetchingIterFetcher):
         bound.arguments["batch_size"] = fetcher.step_batch_size()
     return pl.LightningModule.log(*bound.args, **bound.kwargs)
 
