@@ -1,4 +1,4 @@
-"""``batch_processor``: the training epoch loop owns the iterator it hands to the step (after PR #8807).
+"""``batch_processor``: Lightning's loops own the iterator they hand to the step (after PR #8807).
 
 User code::
 
@@ -12,30 +12,45 @@ User code::
             self.log("loss", loss)  # batch size: the samples this step consumed
             return loss  # automatic optimisation, accumulation and clipping work as usual
 
+        def validation_step(self, dataloader_iter):  # also test_step, predict_step
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # one call, one dataloader
+            ...
+
     trainer = IMPLEMENTATIONS["batch_processor"].trainer(max_epochs=1, accumulate_grad_batches=2)
     trainer.fit(Model(), train_dataloaders=loader)
 
-``trainer()`` builds a stock Trainer and installs :class:`IteratorTrainingEpochLoop` as
-``trainer.fit_loop.epoch_loop``. For a module whose ``training_step`` has no ``dataloader_iter`` parameter
-every overridden method defers to Lightning's ``_TrainingEpochLoop``. Otherwise the loop keeps the epoch's
-batches one ahead of the step (:class:`LookAhead`) and gives each step call a fresh :class:`StepIterator`:
+``trainer()`` builds a stock Trainer and installs this module's loops: :class:`IteratorFitLoop` with
+:class:`IteratorTrainingEpochLoop`, and :class:`IteratorEvaluationLoop` / :class:`IteratorPredictionLoop` for
+validation (during fit too), test and predict. For a step without a ``dataloader_iter`` parameter every
+overridden method defers to Lightning's own loop. Otherwise the loop keeps the run's batches one ahead of the step
+(:class:`LookAhead`) and gives each step call a fresh :class:`StepIterator`:
 
 - each ``next()`` hands out a batch that went through Lightning's regular transfer path and counts it in
-  ``batch_progress``; ``self.log`` without ``batch_size=`` weighs by the samples the step consumed;
+  ``batch_progress``; ``self.log`` in training without ``batch_size=`` weighs by the samples the step consumed;
 - the batch held back tells the loop whether another remains (so the step is never entered on an exhausted
-  iterator, and ``done`` and ``is_last_batch`` are exact) and is the batch ``on_train_batch_start`` receives;
+  iterator, and ``done`` and ``is_last_batch`` are exact) and is the batch the batch-start hook receives;
 - with automatic optimisation the step runs before ``optimizer.step``, which then gets the computed loss: only
   after the step does the loop know whether it took the epoch's last batch; accumulation counts step calls;
 - validation runs at the first step boundary at which the consumed batches reach a multiple of
   ``val_check_batch``;
-- a ``StopIteration`` from ``next()`` inside a step ends the epoch like running out between steps does.
+- a ``StopIteration`` from ``next()`` inside a step ends the epoch (in evaluation: that dataloader's part of the
+  run) like running out between steps does;
+- a checkpoint records the loaders' state as of the batches handed out, not the one held back, and resuming
+  restores ``batch_idx``, the step-call count and the progress of a step that consumed several batches;
+- misuse: the iterator is closed when its step returns, a ``StopIteration`` not from it is an error, a step with
+  both a batch and ``dataloader_iter`` is refused before any batch is fetched, and a run of steps consuming
+  nothing ends with an error (``prototypes.common``'s checks);
+- under DDP the ranks vote after every step call on whether each still has a batch (``every_rank_has_a_batch``),
+  so uneven shards end every rank at the same step call.
 
-Coupling to Lightning 2.6's private API, all of it here: ``_TrainingEpochLoop`` (subclassed; the restart and
-SIGTERM preamble of its ``advance`` is repeated), ``_DataFetcher.__next__`` and ``done`` (the plain, profiled
-fetch that ``_DataLoaderIterDataFetcher`` wraps), ``_AutomaticOptimization._make_closure`` and
-``_optimizer_step``, ``LightningModule._on_before_batch_transfer``, ``trainer._logger_connector`` and
-``trainer.call``'s hook dispatch. Lightning's guard in ``LightningModule.log`` (``batch_size=`` required when the
-step takes ``dataloader_iter``) is met by an instance-level ``log`` on the module for the duration of fit.
+Coupling to Lightning 2.6's private API, all of it here: ``_FitLoop``, ``_TrainingEpochLoop``, ``_EvaluationLoop``
+and ``_PredictionLoop`` (subclassed; the restart and SIGTERM preamble of the training loop's ``advance`` and the
+evaluation loops' ``run`` are repeated around the fetch-and-step part), ``_DataFetcher.__next__`` and ``done`` (the
+plain, profiled fetch that ``_DataLoaderIterDataFetcher`` wraps), ``CombinedLoader._state_dicts`` and ``limits``,
+``_AutomaticOptimization._make_closure`` and ``_optimizer_step``, ``LightningModule._on_before_batch_transfer``,
+``trainer._logger_connector`` and ``trainer.call``'s hook dispatch. Lightning's guard in ``LightningModule.log``
+(``batch_size=`` required when the training step takes ``dataloader_iter``) is met by an instance-level ``log`` on
+the module for the duration of fit.
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
+from lightning_fabric.utilities.types import _Stateful
 from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher
 from pytorch_lightning.loops.fit_loop import _FitLoop
@@ -235,8 +251,9 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self._window_open, self._window_loss = False, None
         self._last_handed_out = (None, -1)
         self._no_progress = NoProgressGuard()
-        self._stateful_loaders = bool(self._loader_states())
-        snapshot = self._loader_states if self._stateful_loaders else None
+        loaders = self.trainer.fit_loop._combined_loader.flattened
+        self._stateful_loaders = any(isinstance(loader, _Stateful) for loader in loaders)
+        snapshot = self.trainer.fit_loop._combined_loader._state_dicts if self._stateful_loaders else None
         self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(_transfer, self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
@@ -254,10 +271,6 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
     def _epoch_uncut(self) -> bool:
         loader = self.trainer.fit_loop._combined_loader
         return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits))
-
-    def _loader_states(self) -> list[dict]:
-        loader = self.trainer.fit_loop._combined_loader
-        return loader._state_dicts() if loader is not None else []
 
     def _hand_out(self, item: Item) -> Item:
         batch, _, dataloader_idx = item
@@ -637,13 +650,15 @@ def _trainer_with_iterator_loops(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
     trainer.validate_loop = IteratorEvaluationLoop(
         trainer, TrainerFn.VALIDATING, RunningStage.VALIDATING, inference_mode=inference_mode
     )
-    trainer.test_loop = IteratorEvaluationLoop(trainer, TrainerFn.TESTING, RunningStage.TESTING, inference_mode=inference_mode)
+    trainer.test_loop = IteratorEvaluationLoop(
+        trainer, TrainerFn.TESTING, RunningStage.TESTING, inference_mode=inference_mode
+    )
     trainer.predict_loop = IteratorPredictionLoop(trainer, inference_mode=inference_mode)
     return trainer
 
 
 DESIGN = Design(
     name="batch_processor",
-    summary="the training and evaluation loops hand the step a look-ahead iterator; each next() transfers and counts a batch",
+    summary="Lightning's loops hand the step a look-ahead iterator; each next() transfers and counts a batch",
     make_trainer=_trainer_with_iterator_loops,
 )

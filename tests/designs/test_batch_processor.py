@@ -156,7 +156,8 @@ def test_step_iterator_done_and_stop_iteration_at_the_end():
 def test_consumed_state_excludes_the_batch_held_back_and_marks_the_end():
     source = Source(2)
     # the state is "items fetched so far"; after the end, the loader says so
-    batches = LookAhead(source.fetch, source.transfer, lambda: ("ended" if source.stop_iterations else len(source.fetched)))
+    state = lambda: "ended" if source.stop_iterations else len(source.fetched)  # noqa: E731
+    batches = LookAhead(source.fetch, source.transfer, state)
     assert source.fetched == [0] and batches.consumed_state == 0, "batch 0 is held back, not consumed"
     batches.take()
     assert source.fetched == [0, 1] and batches.consumed_state == 1
