@@ -145,7 +145,7 @@ class _Produced(NamedTuple):
 
 
 class _LoaderExhausted(StopIteration):
-    """The loader ended; carries the loaders' state after the end (a resumed run must start a new epoch)."""
+    """The epoch's data ended; carries the loaders' state after their end, or None when a limit cut them short."""
 
     def __init__(self, loader_states: list[dict] | None) -> None:
         super().__init__()
@@ -213,6 +213,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def __iter__(self) -> _PrefetchingIterFetcher:
         self.stop()
         _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
+        self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
         self.loader_states = self._loader_states()
         self.prefetcher = Prefetcher(self._produce, self.depth, name="prefetcher-batches")
         return self
@@ -280,11 +281,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def _peek(self) -> _Produced | None:
         if self._head is None and not self._exhausted:
             self._head = self._take()
-            if self.length is not None and self.fetched >= self.length:
-                # Why ask the loader once more although Lightning's length (limit_train_batches included) is
-                # reached: a loader that ended yields the state that makes a resumed run start the next epoch rather
-                # than an empty rest of this one; a batch beyond a limit is dropped.
-                self._head, self._exhausted = None, True
         return self._head
 
     def _take(self) -> _Produced | None:
@@ -295,8 +291,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             produced = self.prefetcher.get()
         except _LoaderExhausted as end:
             self._exhausted = True
-            # Why: nothing unconsumed is left, so the exhausted state is the one to resume from.
-            self.loader_states = end.loader_states
+            if end.loader_states is not None:  # Why: nothing unconsumed is left: resume from the exhausted state
+                self.loader_states = end.loader_states
             return None
         finally:
             self._stop_profiler()
@@ -317,6 +313,14 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             batch, _, dataloader_idx = next(self.iterator)
         except StopIteration:
             raise _LoaderExhausted(self._loader_states()) from None
+        if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
+            self._produced = self.fetched
+        self._produced += 1
+        if self.length is not None and self._produced > self.length:
+            # Why ask the loader once past Lightning's length (limit_train_batches included; the combined loader
+            # does not stop at a limit): a loader that ended yields the state that makes a resumed run start the
+            # next epoch rather than an empty rest of this one. A batch beyond a limit is dropped.
+            raise _LoaderExhausted(None)
         loader_states = self._loader_states()  # snapshot on the thread that drives the loader: consistent
         ready = None
         if self.transfer_ahead and self.copy_stream is not None:

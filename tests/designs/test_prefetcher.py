@@ -309,6 +309,26 @@ def test_resumed_run_redelivers_prefetched_but_unconsumed_batches(depth, tmp_pat
     assert [index for _, index, _ in (b for s in resumed.record.steps for b in s)] == list(range(4, 12))
 
 
+class CountingItems(SizedItems):
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.read: list[int] = []
+
+    def __getitem__(self, i: int):
+        self.read.append(i)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_a_limit_stops_the_producer_one_batch_past_it(depth):
+    dataset = CountingItems(40)
+    module = IterStepModule((1,))
+    quiet_trainer(depth, limit_train_batches=3).fit(module, DataLoader(dataset, batch_size=2))
+    assert module.record.received == [(0, 1), (2, 3), (4, 5)]
+    # one batch past the limit tells a limit from the loader's end; a producer blind to the limit reads up to depth
+    assert sorted(dataset.read) == list(range(8))
+
+
 # ------------------------------------------------------------------------------------------------ threads and hooks
 class RecordsThreads(IterStepModule):
     def __init__(self, *args, **kwargs) -> None:
