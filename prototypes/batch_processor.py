@@ -500,7 +500,7 @@ class _EvaluationStepsPullBatches:
         trainer, progress = self.trainer, self.batch_progress
         assert self._data_fetcher is not None
         batches = LookAhead(partial(_fetch, self._data_fetcher), partial(_transfer, trainer))
-        no_progress = NoProgressGuard()
+        no_progress = NoProgressGuard(step)
         handed_out: list[Item] = []
 
         def hand_out(item: Item) -> Item:

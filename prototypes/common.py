@@ -115,15 +115,16 @@ class NoProgressGuard:
 
     LIMIT = 100
 
-    def __init__(self) -> None:
+    def __init__(self, hook_name: str = "training_step") -> None:
+        self.hook_name = hook_name
         self.empty_calls = 0
 
     def step_returned(self, consumed: int) -> None:
         self.empty_calls = 0 if consumed else self.empty_calls + 1
         if self.empty_calls >= self.LIMIT:
             raise RuntimeError(
-                f"`training_step(dataloader_iter)` returned {self.LIMIT} times in a row without consuming a batch "
-                "while batches remain, so the epoch can never end. Call `next(dataloader_iter)` in the step (at "
-                "least once every few calls), or stop the epoch explicitly: return -1 from `on_train_batch_start` "
-                "or set `trainer.should_stop = True`."
+                f"`{self.hook_name}(dataloader_iter)` returned {self.LIMIT} times in a row without consuming a batch "
+                "while batches remain, so the loop can never end. Call `next(dataloader_iter)` in the step (at "
+                "least once every few calls), or stop explicitly (in training: return -1 from "
+                "`on_train_batch_start` or set `trainer.should_stop = True`)."
             )
