@@ -14,6 +14,10 @@ User code::
             self.log("loss", loss, batch_size=len(batch))  # batch_size= still needed, as upstream
             return loss
 
+        def validation_step(self, dataloader_iter):  # also test_step and predict_step: one dataloader per call
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)
+            ...
+
     trainer = Trainer(max_epochs=1, callbacks=[DataloaderIterCallback()])
     trainer.fit(Model(), train_dataloaders=loader)
 
@@ -23,93 +27,151 @@ with the callback appended to the user's callbacks. No mixin, no subclass of any
 How it works. A callback cannot reach the training dataloader before Lightning iterates it (a loader passed to
 ``fit`` is only visible through ``trainer.train_dataloader`` once the fit loop has called ``iter()`` on it), so it
 cannot substitute a loader of its own. Instead it keeps Lightning's own ``dataloader_iter`` flavour, which Lightning
-selects because the step declares that parameter, and at ``setup`` shadows the user's ``training_step`` on the module
-instance with a wrapper of the same signature. Each call, the wrapper hands the user's step a fresh
-:class:`StepIterator` over Lightning's iterator that
+selects because the step declares that parameter, and at ``setup`` shadows each of the user's steps that takes
+``dataloader_iter`` (``training_step``, ``validation_step``, ``test_step``, ``predict_step``) on the module instance
+with a wrapper of the same signature. Each call, the wrapper hands the user's step a fresh :class:`StepIterator`
+over Lightning's iterator that
 
 - applies ``precision_plugin.convert_input`` and the module's ``on_before_batch_transfer`` /
   ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (through ``strategy.batch_to_device``), as the regular
   flavour does;
-- numbers batches itself (``batch_idx`` from 0 per epoch; the count is callback state, so it survives a resume);
+- numbers batches itself (``batch_idx`` from 0 per epoch and per dataloader; the training count is callback state,
+  so it survives a resume);
 - knows whether a batch remains, so ``done`` is exact and the step is never entered on an exhausted iterator: for a
-  sized loader by counting against ``trainer.num_training_batches`` (fetching ahead there could only hurt: Lightning
-  ends the epoch once its iterator has handed out the last batch, consumed or not), for an unsized one by holding
-  one batch back (fetched when ``done`` is asked, and at the start and end of every step);
+  sized loader by counting against the trainer's public batch counts (``num_training_batches``,
+  ``num_val_batches``, ...; fetching ahead there could only hurt: Lightning ends the run once its iterator has handed
+  out the last batch, consumed or not), for an unsized one by holding one batch back (fetched when ``done`` is
+  asked, and at the start and end of every step);
+- serves one dataloader per evaluation step call: Lightning hands evaluation steps one iterator over all their
+  dataloaders, and the wrapper ends a call's iterator at its dataloader's last batch;
 - refuses use after its step returned, and turns a stray ``StopIteration`` (one not caused by running out of data)
   into an error instead of a silently shortened epoch.
 
-What stays Lightning's and is out of a callback's reach: the loop's batch progress counts step calls (progress
-counters and ``val_check_interval`` count steps, not batches), the batch/batch_idx that ``on_train_batch_start`` /
-``on_train_batch_end`` receive come from the fetcher's private cache, and ``self.log`` refuses to run without
-``batch_size=`` in a ``dataloader_iter`` step. See ``rfc/designs/callback.md``.
+Misuse and DDP. A step signature with both ``dataloader_iter`` and a batch is refused at ``setup``; a training step
+that keeps consuming nothing is stopped with an error (after many empty calls, or at the end of a sized epoch whose
+step calls ran out before its batches did). Under DDP the ranks vote at every step call on whether all of them have
+another batch; when one has not, every rank ends the epoch after the same call (ranks with data left read and drop
+the rest of their shard, the only public way to make Lightning end an epoch without another loop iteration).
+
+What stays Lightning's and is out of a callback's reach: the loops' batch progress counts step calls (progress
+counters and ``val_check_interval`` count steps, not batches), the batch/batch_idx that the batch hooks receive come
+from the fetcher's private cache, and ``self.log`` refuses to run without ``batch_size=`` in a ``dataloader_iter``
+step. See ``rfc/designs/callback.md``.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.utilities import rank_zero_warn
 
-from prototypes.common import DATALOADER_ITER, Design, takes_dataloader_iter
+from prototypes.common import (
+    DATALOADER_ITER,
+    Design,
+    NoProgressGuard,
+    every_rank_has_a_batch,
+    refuse_mixed_step_signature,
+    takes_dataloader_iter,
+)
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), what ``next(dataloader_iter)`` returns
 
+# The steps each ``trainer.<stage>()`` may call with ``dataloader_iter`` (``setup``'s ``stage`` argument).
+STEP_HOOKS = {
+    "fit": ("training_step", "validation_step"),
+    "validate": ("validation_step",),
+    "test": ("test_step",),
+    "predict": ("predict_step",),
+}
+
+
+def _training_batches(trainer: pl.Trainer) -> Sequence[float]:
+    return [trainer.num_training_batches]  # after limits; inf when unsized
+
+
+def _evaluation_batches(trainer: pl.Trainer) -> Sequence[float]:
+    """Per dataloader, the batches the running evaluation hands out (limits applied; inf when unsized)."""
+    if trainer.sanity_checking:
+        return trainer.num_sanity_val_batches
+    if trainer.validating:
+        return trainer.num_val_batches
+    if trainer.testing:
+        return trainer.num_test_batches
+    return trainer.num_predict_batches
+
 
 class BatchFeed:
-    """The training epoch as the callback sees it: Lightning's iterator, our counts, the look-ahead.
+    """One epoch (or evaluation run) as the callback sees it: Lightning's iterator, our counts, the look-ahead.
 
-    ``consumed``, ``steps`` and the look-ahead are checkpointed with the callback's state, so a resumed run
-    numbers batches on from where it stopped and re-delivers a batch that was fetched ahead but not consumed.
+    ``consumed``, ``steps`` and the look-ahead of the training feed are checkpointed with the callback's state, so
+    a resumed run numbers batches on from where it stopped and re-delivers a batch that was fetched ahead but not
+    consumed. ``dataloader_idx`` is the dataloader the current step call serves; ``consumed`` counts within it.
     """
 
-    def __init__(self) -> None:
-        self.consumed = 0  # batches handed to steps this epoch: the next batch_idx
+    def __init__(self, batch_counts: Callable[[pl.Trainer], Sequence[float]]) -> None:
+        self.consumed = 0  # batches of the current dataloader handed to steps: the next batch_idx
         self.steps = 0  # step calls this epoch
+        self.dataloader_idx = 0
         self.lookahead: Item | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
+        self._batch_counts = batch_counts
         self._source: Iterator[Item] | None = None
         self._exhausted = False
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
 
     def start_epoch(self) -> None:
-        self.consumed = self.steps = 0
+        self.consumed = self.steps = self.dataloader_idx = 0
         self.lookahead = None
 
-    def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Called at every step call with the iterator Lightning passed; Lightning makes a new one each epoch."""
+    def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
+        (Lightning makes a new one each epoch and each evaluation run)."""
         self.steps += 1
         self._trainer, self._module = trainer, pl_module
-        if source is not self._source:
-            self._source, self._exhausted = source, False
+        if source is self._source:
+            return False
+        self._source, self._exhausted = source, False
+        return True
 
     def detach(self) -> None:
         self._source = self._trainer = self._module = None
 
     def has_next(self) -> bool:
-        """Whether another batch remains this epoch; for an unsized loader this fetches it (the look-ahead)."""
-        if self.lookahead is not None:
-            return True
-        if self._exhausted or self._source.done:
-            return False
-        total = self._trainer.num_training_batches  # batches this epoch after limits; inf when unsized
-        if not math.isinf(total):
-            # Counting is exact for a sized loader, and fetching ahead there would be harmful: Lightning's
-            # iterator turns ``done`` on when it hands out the last batch, which ends the epoch after this step
-            # even if the step never consumed that batch.
-            return self.consumed < total
-        try:  # unsized: only fetching tells whether another batch exists
-            self.lookahead = next(self._source)
-        except StopIteration:
-            self._exhausted = True
-            return False
+        """Whether the current dataloader has another batch; for an unsized one this fetches it (the look-ahead)."""
+        if self.lookahead is None and not self._exhausted and not self._source.done:
+            total = self._batch_counts(self._trainer)[self.dataloader_idx]
+            if not math.isinf(total):
+                # Counting is exact for a sized loader, and fetching ahead there would be harmful: Lightning's
+                # iterator turns ``done`` on when it hands out the last batch, which ends the run after this step
+                # even if the step never consumed that batch.
+                return self.consumed < total
+            self._fetch_ahead()  # unsized: only fetching tells whether another batch exists
+        return self.lookahead is not None and self.lookahead[2] == self.dataloader_idx
+
+    def enter_step(self) -> bool:
+        """Whether a step call starting now has a batch: in the current dataloader, or else in the next one with
+        batches, which the call then serves."""
+        while not self.has_next():
+            if self.lookahead is not None:  # unsized: the look-ahead already belongs to a later dataloader
+                self.dataloader_idx = self.lookahead[2]
+            else:
+                counts = self._batch_counts(self._trainer)
+                later = [i for i in range(self.dataloader_idx + 1, len(counts)) if counts[i] > 0]
+                if not later or self._exhausted or self._source.done:
+                    return False
+                self.dataloader_idx = later[0]
+            self.consumed = 0
         return True
 
     def next(self) -> Item:
+        if not self.has_next():
+            raise StopIteration  # the end of this call's dataloader, or of the data
         if self.lookahead is not None:
             item, self.lookahead = self.lookahead, None
         else:
@@ -122,6 +184,25 @@ class BatchFeed:
         batch_idx, self.consumed = self.consumed, self.consumed + 1
         return self._to_device(batch, dataloader_idx), batch_idx, dataloader_idx
 
+    def drain(self) -> int:
+        """Read and drop what remains of Lightning's iterator, so Lightning ends the epoch after this step call
+        (its iterator's ``done`` is the only public lever for that); returns the number of batches dropped."""
+        dropped = int(self.lookahead is not None)
+        self.lookahead = None
+        while not self._exhausted and not self._source.done:
+            try:
+                next(self._source)
+                dropped += 1
+            except StopIteration:
+                self._exhausted = True
+        return dropped
+
+    def _fetch_ahead(self) -> None:
+        try:
+            self.lookahead = next(self._source)
+        except StopIteration:
+            self._exhausted = True
+
     def _to_device(self, batch: Any, dataloader_idx: int) -> Any:
         # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method.
         batch = self._trainer.precision_plugin.convert_input(batch)
@@ -130,17 +211,18 @@ class BatchFeed:
 
 
 class StepIterator(Iterator[Item]):
-    """What one ``training_step`` call receives as ``dataloader_iter``; closed when that call returns."""
+    """What one step call receives as ``dataloader_iter``; closed when that call returns."""
 
-    def __init__(self, feed: BatchFeed) -> None:
+    def __init__(self, feed: BatchFeed, hook_name: str) -> None:
         self._feed: BatchFeed | None = feed
+        self._hook_name = hook_name
 
     def __next__(self) -> Item:
         return self._open_feed().next()
 
     @property
     def done(self) -> bool:
-        """True once the last batch of the epoch has been handed out."""
+        """True once the last batch of the epoch (of the dataloader, in evaluation) has been handed out."""
         return not self._open_feed().has_next()
 
     def close(self) -> None:
@@ -149,53 +231,76 @@ class StepIterator(Iterator[Item]):
     def _open_feed(self) -> BatchFeed:
         if self._feed is None:
             raise RuntimeError(
-                "dataloader_iter was used after the training_step it was passed to returned. Each step gets its own "
-                "iterator; fetch every batch the step needs inside the step (keep batches, not the iterator)."
+                f"dataloader_iter was used after the {self._hook_name} it was passed to returned. Each step gets its "
+                "own iterator; fetch every batch the step needs inside the step (keep batches, not the iterator)."
             )
         return self._feed
 
 
 class DataloaderIterCallback(Callback):
-    """Gives a ``training_step(self, dataloader_iter)`` a tracking iterator, on a stock Trainer."""
+    """Gives steps that take ``dataloader_iter`` a tracking iterator, on a stock Trainer."""
 
     def __init__(self) -> None:
-        self.feed = BatchFeed()
-        self._installed_step: Callable | None = None  # the wrapper this callback put on the module
+        self.feed = BatchFeed(_training_batches)
+        self.eval_feed = BatchFeed(_evaluation_batches)  # the running validation/test/predict run
+        self._installed: dict[str, Callable] = {}  # hook name -> the wrapper this callback put on the module
+        self._guard = NoProgressGuard()  # of the training step, one per fit
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit" or not takes_dataloader_iter(pl_module.training_step):
-            return  # the regular flavour (C1) is left entirely to Lightning
-        if "training_step" in vars(pl_module):
-            raise RuntimeError(
-                f"{type(pl_module).__name__}.training_step is already replaced on this instance (by another "
-                "wrapper); DataloaderIterCallback wraps the class's own step. Remove the instance attribute."
-            )
+        hooks = [name for name in STEP_HOOKS[stage] if takes_dataloader_iter(getattr(pl_module, name))]
+        for name in hooks:  # every check before the first wrapper, so a refused run leaves the module untouched
+            refuse_mixed_step_signature(getattr(pl_module, name), name)
+            if name in vars(pl_module):
+                raise RuntimeError(
+                    f"{type(pl_module).__name__}.{name} is already replaced on this instance (by another wrapper); "
+                    f"DataloaderIterCallback wraps the class's own step. Remove the instance attribute."
+                )
+        # the regular flavour (C1) is left entirely to Lightning
         self.feed.start_epoch()
-        self._installed_step = self._wrap_step(trainer, pl_module, pl_module.training_step)
-        pl_module.training_step = self._installed_step
+        self._guard = NoProgressGuard()
+        for name in hooks:
+            training = name == "training_step"
+            wrapper = self._wrap_step(trainer, pl_module, name, self.feed if training else self.eval_feed, training)
+            setattr(pl_module, name, wrapper)  # the user's own step on the user's own instance (see the unit tests)
+            self._installed[name] = wrapper
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self._unwrap_step(pl_module)
+        self._unwrap_steps(pl_module)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        # Lightning skips the teardown hooks when fit raises; unwrap here so the module can be fitted again.
-        self._unwrap_step(pl_module)
+        # Lightning skips the teardown hooks when a run raises; unwrap here so the module can be run again.
+        self._unwrap_steps(pl_module)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Not called when a run resumes mid-epoch, so restored counts carry on.
         self.feed.start_epoch()
 
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.eval_feed.start_epoch()
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.eval_feed.start_epoch()
+
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.eval_feed.start_epoch()
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = trainer.num_training_batches
         cut_by_step_count = self.feed.steps >= total > self.feed.consumed
-        if self._installed_step is not None and cut_by_step_count and not _max_steps_reached(trainer):
-            rank_zero_warn(
-                f"The training epoch ended after {self.feed.steps} step calls with only {self.feed.consumed} of "
-                f"{total} batches consumed: Lightning ends an epoch after num_training_batches step calls, and "
-                "steps that consume no batch use them up. The remaining batches were not trained on. Consume at "
-                "least one batch per step, or pass a loader without __len__ (an IterableDataset)."
-            )
+        if "training_step" not in self._installed or not cut_by_step_count or _max_steps_reached(trainer):
+            return
+        lost = (
+            f"The training epoch ended after {self.feed.steps} step calls with only {self.feed.consumed} of {total} "
+            "batches consumed: Lightning ends an epoch after num_training_batches step calls, and steps that consume "
+            "no batch use them up, so the remaining batches are never trained on."
+        )
+        fix = "Call next(dataloader_iter) at least once per step, or pass a loader without __len__ (an IterableDataset)."
+        if self._guard.empty_calls:
+            # The epoch ended while the step had stopped consuming (C14): it would idle on the pending batches in
+            # every epoch; the callback cannot keep a sized epoch going past num_training_batches calls, so it stops.
+            raise RuntimeError(f"{lost} The last {self._guard.empty_calls} step calls consumed no batch. {fix}")
+        # The last call consumed: the step's pattern only falls short of one batch per call on average.
+        rank_zero_warn(f"{lost} {fix}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"consumed": self.feed.consumed, "steps": self.feed.steps, "lookahead": self.feed.lookahead}
@@ -205,41 +310,73 @@ class DataloaderIterCallback(Callback):
         # Lightning's checkpointed loader state counts this batch as delivered: hand it out first.
         self.feed.lookahead = state_dict["lookahead"]
 
-    def _unwrap_step(self, pl_module: pl.LightningModule) -> None:
-        if self._installed_step is not None and vars(pl_module).get("training_step") is self._installed_step:
-            del pl_module.training_step  # the class's method shows through again
-        self._installed_step = None
+    def _unwrap_steps(self, pl_module: pl.LightningModule) -> None:
+        for name, wrapper in self._installed.items():
+            if vars(pl_module).get(name) is wrapper:
+                delattr(pl_module, name)  # the class's method shows through again
+        self._installed = {}
         self.feed.detach()
+        self.eval_feed.detach()
 
-    def _wrap_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, user_step: Callable) -> Callable:
-        feed = self.feed
+    def _wrap_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, feed: BatchFeed, training: bool
+    ) -> Callable:
+        user_step = getattr(pl_module, name)
+        guard = self._guard
+
+        def agree_on_next(has_batch: bool) -> bool:
+            """The ranks' vote (training only): may every rank start another step call? A rank with batches left
+            when another has none drops them, so that every rank's epoch ends after this call."""
+            if not training:
+                return has_batch  # evaluation steps run no collective of their own; uneven shards are left as is
+            if every_rank_has_a_batch(trainer, has_batch):
+                return True
+            if has_batch and (dropped := feed.drain()):
+                warnings.warn(
+                    f"rank {trainer.global_rank}: another rank ran out of training data, so this rank ends the epoch "
+                    f"after the same step call and drops the {dropped} batch(es) it had left (DDP needs every rank in "
+                    "every step's collectives). Shard the data evenly across ranks to train on all of it.",
+                    stacklevel=2,
+                )
+            return False
 
         # ``wraps`` keeps the user's signature visible (``__wrapped__``): Lightning keeps choosing its
         # dataloader_iter flavour and passes its iterator as the one positional argument.
         @functools.wraps(user_step)
-        def training_step(dataloader_iter: Iterator[Item]) -> Any:
-            feed.begin_step(dataloader_iter, trainer, pl_module)
-            if not feed.has_next():  # Lightning could not tell the epoch was over: end it, the step not entered
+        def step(dataloader_iter: Iterator[Item]) -> Any:
+            first_call = feed.begin_step(dataloader_iter, trainer, pl_module)
+            has_batch = feed.enter_step()
+            if first_call:  # no vote at the end of an earlier call covers this one
+                has_batch = agree_on_next(has_batch)
+            if not has_batch:  # Lightning could not tell the data was over: end the run, the step not entered
                 raise StopIteration
-            step_iter = StepIterator(feed)
+            consumed_before = feed.consumed
+            step_iter = StepIterator(feed, name)
             try:
                 output = user_step(step_iter)
             except StopIteration as stop:
                 if feed.has_next():
                     raise RuntimeError(
-                        "training_step raised StopIteration while batches remain; Lightning would end the epoch "
-                        "silently. Let StopIteration come only from next(dataloader_iter), or check "
-                        "dataloader_iter.done before calling next()."
+                        f"{name} raised StopIteration while batches remain; Lightning would end the epoch silently. "
+                        "Let StopIteration come only from next(dataloader_iter), or check dataloader_iter.done "
+                        "before calling next()."
                     ) from stop
-                raise  # out of data inside the step: Lightning ends the epoch, as in its own flavour
+                if not training and feed.enter_step():
+                    return None  # the end of this dataloader: the next step call serves the next one
+                agree_on_next(False)  # out of data inside the step: keep the ranks' votes in step
+                raise  # Lightning ends the epoch (the run), as in its own flavour
             finally:
                 step_iter.close()
-            # Resolve the look-ahead now: right after the step Lightning reads its iterator's ``done`` into
-            # is_last_batch, which ends the epoch and triggers end-of-epoch validation.
-            feed.has_next()
+            if training:
+                guard.step_returned(feed.consumed - consumed_before)
+                # Resolve the look-ahead now: right after the step Lightning reads its iterator's ``done`` into
+                # is_last_batch, which ends the epoch and triggers end-of-epoch validation.
+                agree_on_next(feed.has_next() and feed.steps < trainer.num_training_batches)
+            else:
+                feed.has_next()
             return output
 
-        return training_step
+        return step
 
 
 def _max_steps_reached(trainer: pl.Trainer) -> bool:
@@ -256,6 +393,6 @@ def _trainer_with_callback(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
 
 DESIGN = Design(
     name="callback",
-    summary=f"public API only: a Callback wraps the step and Lightning's {DATALOADER_ITER} on a stock Trainer",
+    summary=f"public API only: a Callback wraps the steps and Lightning's {DATALOADER_ITER} on a stock Trainer",
     make_trainer=_trainer_with_callback,
 )
