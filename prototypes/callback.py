@@ -244,9 +244,10 @@ class DataloaderIterCallback(Callback):
         self.feed = BatchFeed(_training_batches)
         self.eval_feed = BatchFeed(_evaluation_batches)  # the running validation/test/predict run
         self._installed: dict[str, Callable] = {}  # hook name -> the wrapper this callback put on the module
-        self._guard = NoProgressGuard()  # of the training step, one per fit
+        self._guard = NoProgressGuard()  # the training step's, one per fit (the epoch-end check reads it too)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # only steps that take dataloader_iter: the regular flavour (C1) is left entirely to Lightning
         hooks = [name for name in STEP_HOOKS[stage] if takes_dataloader_iter(getattr(pl_module, name))]
         for name in hooks:  # every check before the first wrapper, so a refused run leaves the module untouched
             refuse_mixed_step_signature(getattr(pl_module, name), name)
@@ -255,7 +256,6 @@ class DataloaderIterCallback(Callback):
                     f"{type(pl_module).__name__}.{name} is already replaced on this instance (by another wrapper); "
                     f"DataloaderIterCallback wraps the class's own step. Remove the instance attribute."
                 )
-        # the regular flavour (C1) is left entirely to Lightning
         self.feed.start_epoch()
         self._guard = NoProgressGuard()
         for name in hooks:
@@ -322,7 +322,9 @@ class DataloaderIterCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, feed: BatchFeed, training: bool
     ) -> Callable:
         user_step = getattr(pl_module, name)
-        guard = self._guard
+        # An evaluation loop ends only when Lightning's iterator is exhausted, so an evaluation step that never
+        # consumes would be called forever, sized loader or not.
+        guard = self._guard if training else NoProgressGuard(name)
 
         def agree_on_next(has_batch: bool) -> bool:
             """The ranks' vote (training only): may every rank start another step call? A rank with batches left
@@ -367,8 +369,8 @@ class DataloaderIterCallback(Callback):
                 raise  # Lightning ends the epoch (the run), as in its own flavour
             finally:
                 step_iter.close()
+            guard.step_returned(feed.consumed - consumed_before)
             if training:
-                guard.step_returned(feed.consumed - consumed_before)
                 # Resolve the look-ahead now: right after the step Lightning reads its iterator's ``done`` into
                 # is_last_batch, which ends the epoch and triggers end-of-epoch validation.
                 agree_on_next(feed.has_next() and feed.steps < trainer.num_training_batches)

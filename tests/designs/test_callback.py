@@ -380,6 +380,19 @@ def test_unsized_step_that_never_consumes_is_stopped_by_the_guard():
         trainer().fit(NeverConsumes(), make_loader("unsized"))
 
 
+def test_evaluation_step_that_never_consumes_is_stopped_by_the_guard():
+    class IdleValidation(IterStepModule):
+        calls = 0
+
+        def validation_step(self, dataloader_iter):
+            self.calls += 1
+            if self.calls > 1000:
+                raise AssertionError("the guard did not stop the run")
+
+    with pytest.raises(RuntimeError, match=r"`validation_step\(dataloader_iter\)` returned 100 times"):
+        trainer().validate(IdleValidation(), make_loader(), verbose=False)
+
+
 # ------------------------------------------------------------------------------- ModelCheckpoint and resume
 class Crash(Exception):
     pass
