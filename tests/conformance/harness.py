@@ -405,11 +405,12 @@ def reference_weights(
     layer = torch.nn.Linear(FEATURES, 1)
     layer.load_state_dict(module.initial_state)
     optimizer = torch.optim.SGD(layer.parameters(), lr=LR)
-    finished = [k for k, ok in enumerate(complete) if ok and steps[k]]
+    finished = [k for k, ok in enumerate(complete) if ok]
     for position, k in enumerate(finished):
-        batches = [_collate([item(i) for i in batch_ids]) for batch_ids in steps[k]]
-        loss = torch.stack([torch.nn.functional.mse_loss(layer(x), y) for _, x, y in batches]).mean()
-        (loss / accumulate).backward()
+        if steps[k]:  # a call that consumed nothing returns no loss, but still counts towards the window
+            batches = [_collate([item(i) for i in batch_ids]) for batch_ids in steps[k]]
+            loss = torch.stack([torch.nn.functional.mse_loss(layer(x), y) for _, x, y in batches]).mean()
+            (loss / accumulate).backward()
         if (position + 1) % accumulate == 0 or position == len(finished) - 1:
             if clip_norm is not None:
                 torch.nn.utils.clip_grad_norm_(layer.parameters(), clip_norm)

@@ -38,9 +38,10 @@ def test_gradient_clipping_matches_plain_loop(design):
 
 
 @pytest.mark.parametrize("accumulate", [2, 3])
-@pytest.mark.parametrize("pattern", [(1,), (2,)], ids=str)
+@pytest.mark.parametrize("pattern", [(1,), (2,), (0, 1, 3)], ids=str)
 def test_accumulation_counts_step_calls(design, accumulate, pattern):
-    # 8 batches: every step call is complete, so the last one closes the accumulation window
+    # 8 batches: every step call is complete, so the last one closes the accumulation window; a call that
+    # consumes nothing still counts as one of the k calls of a window
     _check(design, pattern, n_items=16, accumulate=accumulate)
 
 
