@@ -65,7 +65,7 @@ MEASURE = Sizes(
     rounds=5, warmup=1,
     s1_base_ms=20.0, s1_batches=48,
     s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=40,
-    s3_batches=300, s3_rounds=7, s3_warmup=1,
+    s3_batches=300, s3_rounds=11, s3_warmup=1,
     s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
 )
 FEATURES = 8  # columns after the id column in S1-S3 batches

@@ -10,7 +10,8 @@ host-to-device copy L (non_blocking, from pinned memory); the step's compute C i
 the batch. For C = 2L, L and L/2, side by side in one process: stock Lightning's regular flavour (T_serial: the
 copy and the compute serialise on one stream), a copy-only and a compute-only run (T_ideal = max), and every
 registered design with the same user step (it moves the batch itself when a design hands it over on the CPU,
-as stock Lightning's flavour does). Efficiency e = (T_serial - T) / (T_serial - T_ideal), medians of the rounds.
+as stock Lightning's flavour does), interleaved round by round. Efficiency e = (T_serial - T) / (T_serial -
+T_ideal), medians of the rounds.
 
 Correctness, per design and point: the step checks on the GPU, without synchronising, that every batch it
 received holds exactly the values of the item it claims to be (a copy read before it finished, or a buffer reused
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +107,7 @@ class GpuStep(pl.LightningModule):
         self.probe.batches_exact = bool(torch.stack(self.oks).all().item()) if self.oks else False
 
     def work(self, batch: torch.Tensor) -> torch.Tensor:
-        batch_id = batch[0, 0]
+        batch_id = batch[0, 0].clone()  # not a view: the batch itself may be freed (and its memory reused) early
         self.ids.append(batch_id)
         self.oks.append((batch == self.pattern + batch_id).all())  # stays on the device: no synchronisation
         out = torch.empty(self.matmul, self.matmul, device=batch.device)
@@ -170,7 +172,7 @@ class S5:
         return max(1, round(c_ms / self.ms_per_matmul))
 
     def measure(self, once) -> harness.Measurement:
-        return harness.measure(None, once, self.n, self.rounds, self.warmup)
+        return harness.measure(once, self.n, self.rounds, self.warmup)
 
     def _fresh_probe(self) -> harness.Probe:
         probe = harness.Probe()
@@ -210,17 +212,22 @@ class S5:
             trainer.fit(module, train_dataloaders=harness.loader(self.data))
         return module.probe
 
-    def run(self, who: str, c_ms: float) -> harness.Measurement:
+    def once(self, who: str, c_ms: float) -> harness.Probe:
+        """One epoch of ``who`` (a baseline or a registry name) with C = ``c_ms``."""
         iterations = self.iterations_for(c_ms)
         if who == "baseline:copy-only":
-            return self.copy_only
+            return self._copy_only()
         if who == "baseline:compute-only":
-            return self.measure(lambda: self._compute_only(iterations))
+            return self._compute_only(iterations)
         if who == "baseline:regular":
-            return self.measure(lambda: self._fit(
-                None, RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul)))
-        return self.measure(lambda: self._fit(
-            IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul)))
+            return self._fit(None, RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
+        return self._fit(
+            IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
+
+    def point(self, c_ms: float, names: Sequence[str]) -> harness.Interleaved:
+        """Baselines and designs at one C, interleaved round by round."""
+        runs = {who: partial(self.once, who, c_ms) for who in (*BASELINES, *names)}
+        return harness.Interleaved(runs, self.n, self.rounds, self.warmup)
 
 
 def check(measurement: harness.Measurement, n: int, reference: Sequence[torch.Tensor] | None) -> dict[str, Any]:
@@ -275,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         failures: list[str] = []
         for point, c_factor in POINTS.items():
             c_ms = c_factor * s5.l_ms
-            base = {who: s5.run(who, c_ms) for who in BASELINES}
+            data = s5.point(c_ms, names)
+            base = {who: data.measurement(who) for who in BASELINES}
             reference = base["baseline:regular"].probes[-1].final_weights
             t_serial = base["baseline:regular"].median_ms
             t_ideal = max(base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms)
@@ -290,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 failures += [f"{point} {who}: {p}" for p in verdict["problems"]]
             for name in names:
                 try:
-                    measurement = s5.run(name, c_ms)
+                    measurement = data.measurement(name)
                 except Exception as error:  # a design that cannot run this scenario: recorded, not fatal
                     failures.append(f"{point} {name}: {type(error).__name__}: {error}")
                     rows_out.append(dict(design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,

@@ -13,8 +13,10 @@ Time per batch of a run = (epoch end - min(first load start, epoch start)) / bat
 fit set-up are excluded, a design that starts loading before the epoch gets no head start, and the one-off
 cost of filling a pipeline is included (it shrinks as 1/batches).
 
-pytest-benchmark times every round with ``span_clock``, a clock that advances only by the time per batch the
-harness measured, so the tables pytest prints are time per batch.
+Rounds are interleaved (``Interleaved``): all entries of a scenario point (baselines and designs) run once per round,
+so drifting load on a shared machine affects them alike. pytest-benchmark then receives each entry's measured
+rounds through ``span_clock``, a clock that advances only by the time per batch the harness measured, so the tables
+pytest prints are time per batch.
 """
 
 from __future__ import annotations
@@ -417,30 +419,58 @@ class Measurement:
         return len(self.per_batch_s)
 
 
-def measure(
-    benchmark: Any | None, run_once: Callable[[], Probe], n_batches: int, rounds: int, warmup: int
-) -> Measurement:
-    """Run ``run_once`` (one epoch, returns its probe) for warm-up plus measured rounds.
+def measure(run_once: Callable[[], Probe], n_batches: int, rounds: int, warmup: int) -> Measurement:
+    """Run ``run_once`` (one epoch, returns its probe) for warm-up plus measured rounds, on its own."""
+    return Interleaved({"only": run_once}, n_batches, rounds, warmup).measurement("only")
 
-    With pytest-benchmark's fixture the rounds go through ``benchmark.pedantic`` (one round when benchmarking is
-    disabled); without it (a baseline another test needs) they run here, with the same counts.
+
+class Interleaved:
+    """Every entry of one scenario point (baselines and designs), measured round by round.
+
+    Round r runs each entry once (warm-up rounds first, then measured ones; the starting entry rotates), so load
+    that comes and goes on a shared machine hits every entry alike and the ratios between them stay meaningful.
+    An entry that raises is not run again; its exception is re-raised by ``measurement`` for that entry only.
     """
-    results: list[tuple[float, Probe]] = []
 
-    def target() -> None:
-        probe = run_once()
-        per_batch = probe.span() / n_batches
-        _advance_span_clock(per_batch)
-        results.append((per_batch, probe))
+    def __init__(
+        self, runs: dict[str, Callable[[], Probe]], n_batches: int, rounds: int, warmup: int
+    ) -> None:
+        self.kept: dict[str, list[tuple[float, Probe]]] = {name: [] for name in runs}
+        self.errors: dict[str, BaseException] = {}
+        names = list(runs)
+        for r in range(warmup + rounds):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name in self.errors:
+                    continue
+                try:
+                    probe = runs[name]()
+                    per_batch = probe.span() / n_batches
+                except Exception as error:  # noqa: BLE001  (re-raised, with its traceback, by measurement())
+                    self.errors[name] = error
+                    continue
+                if r >= warmup:
+                    self.kept[name].append((per_batch, probe))
 
-    if benchmark is not None:
-        benchmark.pedantic(target, rounds=rounds, warmup_rounds=warmup)
-        kept = results[warmup:] if benchmark.enabled else results
-    else:
-        for _ in range(warmup + rounds):
-            target()
-        kept = results[warmup:]
-    return Measurement([r[0] for r in kept], [r[1] for r in kept])
+    def measurement(self, name: str) -> Measurement:
+        if name in self.errors:
+            raise self.errors[name]
+        kept = self.kept[name]
+        return Measurement([k[0] for k in kept], [k[1] for k in kept])
+
+
+def report(benchmark: Any, measurement: Measurement) -> None:
+    """Hand an entry's per-round times (already measured, interleaved) to pytest-benchmark, one round each.
+
+    The target advances ``span_clock`` by the next measured time per batch, so pytest-benchmark's statistics and
+    tables are exactly the harness's measurements. With benchmarking disabled (smoke mode) this is a no-op round.
+    """
+    values = iter(measurement.per_batch_s)
+
+    def replay() -> None:
+        _advance_span_clock(next(values, 0.0))
+
+    benchmark.pedantic(replay, rounds=max(1, measurement.rounds), warmup_rounds=0)
 
 
 def use_mmap_for_large_allocations(threshold: int = 1 << 20) -> int | None:
@@ -462,19 +492,20 @@ def use_mmap_for_large_allocations(threshold: int = 1 << 20) -> int | None:
 # ------------------------------------------------------------------------------------------------- results
 @dataclass
 class ResultStore:
-    """Rows per scenario, cached baselines, and the session's notes; written as JSON at session end."""
+    """Rows per scenario, measured scenario points, and the session's notes; written as JSON at session end."""
 
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    baselines: dict[tuple, Measurement] = field(default_factory=dict)
+    points: dict[tuple, Interleaved] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
     def record(self, scenario: str, row: dict[str, Any]) -> None:
         self.rows.setdefault(scenario, []).append(row)
 
-    def baseline(self, key: tuple, measure_now: Callable[[], Measurement]) -> Measurement:
-        if key not in self.baselines:
-            self.baselines[key] = measure_now()
-        return self.baselines[key]
+    def point(self, key: tuple, measure_now: Callable[[], Interleaved]) -> Interleaved:
+        """A scenario point's interleaved measurements, taken by the first test that needs them."""
+        if key not in self.points:
+            self.points[key] = measure_now()
+        return self.points[key]
 
 
 RESULTS = ResultStore()

@@ -1,12 +1,14 @@
 """S1 I/O-bound loading: items take L ms to produce (sleep), the step computes C ms; does loading overlap the step?
 
-Per L/C ratio, side by side in one session: stock Lightning's regular flavour (T_serial), a load-only and a
-step-only run (T_ideal = max of the two), then every registered design running the plainest
+Per L/C point, interleaved round by round in one session: stock Lightning's regular flavour (T_serial), a
+load-only and a step-only run (T_ideal = max of the two), and every registered design running the plainest
 ``training_step(self, dataloader_iter)``. Efficiency e = (T_serial - T) / (T_serial - T_ideal): 0 is no overlap,
 1 is perfect overlap.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 
@@ -16,68 +18,75 @@ from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S1 I/O-bound loading (time per batch)", timer=harness.span_clock),
-    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+    pytest.mark.timeout(900),  # the first test of a point measures the whole point; smoke mode takes seconds
 ]
 
 # point -> (L, C) as multiples of Sizes.s1_base_ms: the longer of the two is always the base, which keeps the
 # serial run of L = 2C as cheap as that of L = C/2.
 POINTS = {"L=0.5C": (0.5, 1.0), "L=C": (1.0, 1.0), "L=2C": (1.0, 0.5)}
 BASELINES = ("baseline:regular", "baseline:load-only", "baseline:step-only")
+FLAVOUR = {"baseline:regular": "regular", "baseline:load-only": "load-only", "baseline:step-only": "step-only"}
 CASES = [(point, who) for point in POINTS for who in (*BASELINES, *IMPLEMENTATIONS)]
 
-# What the designs promise, asserted in benchmark mode with a margin for noise (the target itself is 0.95 at
-# L = C and is recorded, not asserted).
+# What the designs promise, asserted in benchmark mode with a margin for noise (the target itself, 0.95 at
+# L = C, is recorded in the results, not asserted).
 PROMISED_EFFICIENCY = {"prefetcher": {"L=C": 0.8, "L=0.5C": 0.5, "L=2C": 0.5}}
 
 
-def _run(bench, point: str, who: str, benchmark=None) -> harness.Measurement:
-    sizes = bench.sizes
+def _l_c(bench, point: str) -> tuple[float, float]:
+    l_factor, c_factor = POINTS[point]
+    return l_factor * bench.sizes.s1_base_ms, c_factor * bench.sizes.s1_base_ms
+
+
+def _once(bench, point: str, who: str) -> harness.Probe:
     l_ms, c_ms = _l_c(bench, point)
-    n = sizes.s1_batches
+    n = bench.sizes.s1_batches
     iterations = bench.burner.iterations_for(c_ms)
+    probe = harness.Probe()
+    dataset = harness.TimedDataset(n, l_ms, probe, ROWS, FEATURES)
+    if who == "baseline:load-only":
+        harness.run_load_only(probe, harness.loader(dataset))
+    elif who == "baseline:step-only":
+        batches = [dataset.make(i) for i in range(n)]
+        harness.run_step_only(harness.RegularStep(probe, FEATURES, bench.burner, iterations), batches)
+    elif who == "baseline:regular":
+        module = harness.RegularStep(probe, FEATURES, bench.burner, iterations)
+        harness.fit(harness.make_trainer(None, bench.root), module, harness.loader(dataset))
+    else:
+        module = harness.IterStep(probe, FEATURES, bench.burner, iterations)
+        harness.fit(harness.make_trainer(IMPLEMENTATIONS[who], bench.root), module, harness.loader(dataset))
+    harness.check_exactly_once(probe.received, n)
+    return probe
 
-    def once() -> harness.Probe:
-        probe = harness.Probe()
-        dataset = harness.TimedDataset(n, l_ms, probe, ROWS, FEATURES)
-        if who == "baseline:load-only":
-            harness.run_load_only(probe, harness.loader(dataset))
-        elif who == "baseline:step-only":
-            batches = [dataset.make(i) for i in range(n)]
-            harness.run_step_only(harness.RegularStep(probe, FEATURES, bench.burner, iterations), batches)
-        elif who == "baseline:regular":
-            module = harness.RegularStep(probe, FEATURES, bench.burner, iterations)
-            harness.fit(harness.make_trainer(None, bench.root), module, harness.loader(dataset))
-        else:
-            module = harness.IterStep(probe, FEATURES, bench.burner, iterations)
-            trainer = harness.make_trainer(IMPLEMENTATIONS[who], bench.root)
-            harness.fit(trainer, module, harness.loader(dataset))
-        harness.check_exactly_once(probe.received, n)
-        return probe
 
-    return harness.measure(benchmark, once, n, sizes.rounds, sizes.warmup)
+def _point(bench, point: str) -> harness.Interleaved:
+    sizes = bench.sizes
+    runs = {who: partial(_once, bench, point, who) for who in (*BASELINES, *IMPLEMENTATIONS)}
+    return bench.store.point(
+        ("S1", point), lambda: harness.Interleaved(runs, sizes.s1_batches, sizes.rounds, sizes.warmup)
+    )
 
 
 @pytest.mark.parametrize(("point", "who"), CASES, ids=[f"{p}-{w}" for p, w in CASES])
 def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
     sizes = bench.sizes
     l_ms, c_ms = _l_c(bench, point)
+    data = _point(bench, point)
+    measurement = data.measurement(who)
+    harness.report(benchmark, measurement)
     common = dict(L_target_ms=l_ms, C_target_ms=c_ms, L_over_C=l_ms / c_ms, n_batches=sizes.s1_batches)
 
     if who in BASELINES:
-        measurement = _run(bench, point, who, benchmark)
-        bench.store.baselines[("S1", point, who)] = measurement
-        row = dict(design=who, role="baseline", flavour=_flavour(who), **common,
+        row = dict(design=who, role="baseline", flavour=FLAVOUR[who], **common,
                    time_per_batch_ms=harness.rounded(measurement.median_ms), rounds=measurement.rounds)
         bench.extra_info(benchmark, row)
         bench.store.record("S1", row)
         return
 
-    measurement = _run(bench, point, who, benchmark)
-    base = {b: bench.store.baseline(("S1", point, b), lambda b=b: _run(bench, point, b)) for b in BASELINES}
     t = measurement.median_ms
-    t_serial = base["baseline:regular"].median_ms
-    l_meas = base["baseline:load-only"].median_ms
-    c_meas = base["baseline:step-only"].median_ms
+    t_serial = data.measurement("baseline:regular").median_ms
+    l_meas = data.measurement("baseline:load-only").median_ms
+    c_meas = data.measurement("baseline:step-only").median_ms
     t_ideal = max(l_meas, c_meas)
     efficiency = (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
     # A perfect pipeline still loads the first batch before the first step: over n batches it gets
@@ -89,8 +98,8 @@ def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
         L_ms=harness.rounded(l_meas), C_ms=harness.rounded(c_meas), L_over_C_measured=harness.rounded(l_meas / c_meas),
         time_per_batch_ms=harness.rounded(t), t_serial_ms=harness.rounded(t_serial),
         t_ideal_ms=harness.rounded(t_ideal), efficiency=harness.rounded(efficiency),
-        efficiency_ceiling=harness.rounded(ceiling),
-        speedup_vs_serial=harness.rounded(t_serial / t), rounds=measurement.rounds,
+        efficiency_ceiling=harness.rounded(ceiling), speedup_vs_serial=harness.rounded(t_serial / t),
+        rounds=measurement.rounds,
     )
     bench.extra_info(benchmark, row)
     bench.store.record("S1", row)
@@ -102,12 +111,3 @@ def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
                 f"{who} at {point}: overlap efficiency {efficiency:.3f} < {floor} (T {t:.2f} ms, serial"
                 f" {t_serial:.2f} ms, ideal {t_ideal:.2f} ms per batch)"
             )
-
-
-def _l_c(bench, point: str) -> tuple[float, float]:
-    l_factor, c_factor = POINTS[point]
-    return l_factor * bench.sizes.s1_base_ms, c_factor * bench.sizes.s1_base_ms
-
-
-def _flavour(who: str) -> str:
-    return {"baseline:regular": "regular", "baseline:load-only": "load-only", "baseline:step-only": "step-only"}[who]

@@ -5,14 +5,16 @@ host-to-device copy of DLRM training); it runs in a background thread (matmuls r
 thread trains. ``PipelinedStep`` below is written once, as a user would write it against the contract
 (``next()`` returns ``(batch, batch_idx, dataloader_idx)``, ``done`` is True once the last batch was handed out,
 the step is never entered on an exhausted iterator), and runs unchanged through every design. Speed-up = time
-per batch of the same step with ``pipelined=False`` (R inline) over ``pipelined=True``, per design. With R = C
-and one intra-op thread, the ideal on two cores is (R + C) / max(R, C) = 2.
+per batch of the same step with ``pipelined=False`` (R inline) over ``pipelined=True``, per design; all cases
+are measured interleaved, round by round. With R = C and one intra-op thread per thread, the ideal on two cores
+is (R + C) / max(R, C) = 2.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 import pytest
 import pytorch_lightning as pl
@@ -25,7 +27,7 @@ from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S2 step-level pipelining (time per batch)", timer=harness.span_clock),
-    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+    pytest.mark.timeout(900),  # the first test measures every case, interleaved; smoke mode takes seconds
 ]
 
 MODES = ("plain", "pipelined")
@@ -99,37 +101,38 @@ class PipelinedStep(pl.LightningModule):
             self.train_on(last.result())
 
 
-def _run(bench, who: str, mode: str, benchmark=None) -> harness.Measurement:
+def _once(bench, who: str, mode: str) -> harness.Probe:
     sizes = bench.sizes
     n = sizes.s2_batches
-    step_iterations = bench.burner.iterations_for(sizes.s2_c_ms)
-    stage_iterations = bench.burner.iterations_for(sizes.s2_r_ms)
+    probe = harness.Probe()
+    dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
+    # torch.set_num_threads only sets the calling thread's OpenMP team size: without the initializer, MKL's
+    # matmuls in the pool thread run with one OpenMP thread per core and spin, which made this scenario
+    # 5-10x slower than the unpipelined step on two cores. A user's executor needs the same line.
+    with ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="s2-stage-r", initializer=torch.set_num_threads,
+        initargs=(harness.TORCH_THREADS,),
+    ) as pool:
+        module = PipelinedStep(probe, bench.burner, bench.burner.iterations_for(sizes.s2_c_ms),
+                               bench.burner.iterations_for(sizes.s2_r_ms), pool, mode == "pipelined")
+        harness.fit(harness.make_trainer(IMPLEMENTATIONS[who], bench.root), module, harness.loader(dataset))
+    harness.check_exactly_once(probe.received, n)
+    harness.check_exactly_once(probe.trained, n, what="trained on")
+    return probe
 
-    def once() -> harness.Probe:
-        probe = harness.Probe()
-        dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
-        # torch.set_num_threads only sets the calling thread's OpenMP team size: without the initializer, MKL's
-        # matmuls in the pool thread run with one OpenMP thread per core and spin, which made this scenario
-        # 5-10x slower than the unpipelined step on two cores. A user's executor needs the same line.
-        with ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="s2-stage-r", initializer=torch.set_num_threads,
-            initargs=(harness.TORCH_THREADS,),
-        ) as pool:
-            module = PipelinedStep(probe, bench.burner, step_iterations, stage_iterations, pool, mode == "pipelined")
-            trainer = harness.make_trainer(IMPLEMENTATIONS[who], bench.root)
-            harness.fit(trainer, module, harness.loader(dataset))
-        harness.check_exactly_once(probe.received, n)
-        harness.check_exactly_once(probe.trained, n, what="trained on")
-        return probe
 
-    return harness.measure(benchmark, once, n, sizes.rounds, sizes.warmup)
+def _point(bench) -> harness.Interleaved:
+    sizes = bench.sizes
+    runs = {f"{who}-{mode}": partial(_once, bench, who, mode) for who, mode in CASES}
+    return bench.store.point(("S2",), lambda: harness.Interleaved(runs, sizes.s2_batches, sizes.rounds, sizes.warmup))
 
 
 @pytest.mark.parametrize(("who", "mode"), CASES, ids=[f"{w}-{m}" for w, m in CASES])
 def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
     sizes = bench.sizes
-    measurement = _run(bench, who, mode, benchmark)
-    bench.store.baselines[("S2", who, mode)] = measurement
+    data = _point(bench)
+    measurement = data.measurement(f"{who}-{mode}")
+    harness.report(benchmark, measurement)
     common = dict(R_target_ms=sizes.s2_r_ms, C_target_ms=sizes.s2_c_ms, L_target_ms=0.0, n_batches=sizes.s2_batches)
     if mode == "plain":
         row = dict(design=IMPLEMENTATIONS[who].id, role="baseline", flavour="dataloader_iter", mode=mode, **common,
@@ -138,7 +141,7 @@ def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
         bench.store.record("S2", row)
         return
 
-    plain = bench.store.baseline(("S2", who, "plain"), lambda: _run(bench, who, "plain"))
+    plain = data.measurement(f"{who}-plain")
     # same batches, same operations: the pipelined step must end with exactly the unpipelined weights
     for got, want in zip(measurement.probes[-1].final_weights, plain.probes[-1].final_weights):
         assert torch.equal(got, want), f"{who}: pipelined step ended with different weights than the plain one"

@@ -1,11 +1,13 @@
 """S3 overhead: a tiny model, no loading latency, no step compute; what does each design cost per batch?
 
-Side by side in one session: a raw PyTorch loop over the same loader and model, stock Lightning's regular flavour,
+Interleaved round by round in one session: a raw PyTorch loop over the same loader and model, stock Lightning's regular flavour,
 then every design with the plainest ``training_step(self, dataloader_iter)`` and, since every design must run the
 regular flavour as stock Lightning does (C1), with ``training_step(self, batch, batch_idx)`` too.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 
@@ -15,7 +17,7 @@ from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S3 overhead, tiny model, L = 0 (time per batch)", timer=harness.span_clock),
-    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+    pytest.mark.timeout(900),  # the first test measures every case, interleaved; smoke mode takes seconds
 ]
 
 BASELINES = ("baseline:raw-pytorch", "baseline:regular")
@@ -25,44 +27,47 @@ CASES = [(who, "-") for who in BASELINES] + [
 ROWS = 1  # batch size 1: the per-batch machinery dominates
 
 
-def _run(bench, who: str, flavour: str, benchmark=None) -> harness.Measurement:
+def _once(bench, who: str, flavour: str) -> harness.Probe:
+    n = bench.sizes.s3_batches
+    probe = harness.Probe()
+    dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
+    if who == "baseline:raw-pytorch":
+        harness.run_raw_loop(harness.RegularStep(probe, FEATURES, bench.burner, 0), harness.loader(dataset))
+    else:
+        module_type = harness.IterStep if flavour == "dataloader_iter" else harness.RegularStep
+        module = module_type(probe, FEATURES, bench.burner, 0)
+        design = None if who == "baseline:regular" else IMPLEMENTATIONS[who]
+        harness.fit(harness.make_trainer(design, bench.root), module, harness.loader(dataset))
+    harness.check_exactly_once(probe.received, n)
+    return probe
+
+
+def _point(bench) -> harness.Interleaved:
     sizes = bench.sizes
-    n = sizes.s3_batches
-
-    def once() -> harness.Probe:
-        probe = harness.Probe()
-        dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
-        if who == "baseline:raw-pytorch":
-            harness.run_raw_loop(harness.RegularStep(probe, FEATURES, bench.burner, 0), harness.loader(dataset))
-        else:
-            module_type = harness.IterStep if flavour == "dataloader_iter" else harness.RegularStep
-            module = module_type(probe, FEATURES, bench.burner, 0)
-            design = None if who == "baseline:regular" else IMPLEMENTATIONS[who]
-            harness.fit(harness.make_trainer(design, bench.root), module, harness.loader(dataset))
-        harness.check_exactly_once(probe.received, n)
-        return probe
-
-    return harness.measure(benchmark, once, n, sizes.s3_rounds, sizes.s3_warmup)
+    runs = {f"{who}-{flavour}": partial(_once, bench, who, flavour) for who, flavour in CASES}
+    return bench.store.point(
+        ("S3",), lambda: harness.Interleaved(runs, sizes.s3_batches, sizes.s3_rounds, sizes.s3_warmup)
+    )
 
 
 @pytest.mark.parametrize(("who", "flavour"), CASES, ids=[w if f == "-" else f"{w}-{f}" for w, f in CASES])
 def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
     n = bench.sizes.s3_batches
-    measurement = _run(bench, who, flavour, benchmark)
+    data = _point(bench)
+    measurement = data.measurement(f"{who}-{flavour}")
+    harness.report(benchmark, measurement)
     t = measurement.median_ms
     if who in BASELINES:
-        bench.store.baselines[("S3", who)] = measurement
         row = dict(design=who, role="baseline", flavour="raw" if who == "baseline:raw-pytorch" else "regular",
                    n_batches=n, time_per_batch_ms=harness.rounded(t), rounds=measurement.rounds)
     else:
-        regular = bench.store.baseline(("S3", "baseline:regular"), lambda: _run(bench, "baseline:regular", "regular"))
-        raw = bench.store.baseline(("S3", "baseline:raw-pytorch"), lambda: _run(bench, "baseline:raw-pytorch", "-"))
+        regular = data.measurement("baseline:regular--").median_ms
+        raw = data.measurement("baseline:raw-pytorch--").median_ms
         row = dict(
             design=IMPLEMENTATIONS[who].id, role="design", flavour=flavour, n_batches=n,
-            time_per_batch_ms=harness.rounded(t), t_regular_ms=harness.rounded(regular.median_ms),
-            t_raw_ms=harness.rounded(raw.median_ms),
-            overhead_vs_regular=harness.rounded(t / regular.median_ms),
-            overhead_vs_raw=harness.rounded(t / raw.median_ms), rounds=measurement.rounds,
+            time_per_batch_ms=harness.rounded(t), t_regular_ms=harness.rounded(regular),
+            t_raw_ms=harness.rounded(raw), overhead_vs_regular=harness.rounded(t / regular),
+            overhead_vs_raw=harness.rounded(t / raw), rounds=measurement.rounds,
         )
     bench.extra_info(benchmark, row)
     bench.store.record("S3", row)

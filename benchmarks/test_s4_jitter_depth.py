@@ -1,12 +1,15 @@
 """S4 jitter and depth: load times drawn per item (exponential, fixed seed, mean C), large batches.
 
 The prefetcher runs at depth 1, 2, 4 and 8 (any registered design with a ``depth`` option does), every other
-design at its defaults; baselines as in S1 (stock regular flavour, load-only, step-only). Per run: efficiency,
-peak process RSS (psutil, sampled whenever a batch is produced or received) and peak batches in flight
-(produced by the dataset but not yet received by the step), both observed from the dataset and step side.
+design at its defaults; baselines as in S1 (stock regular flavour, load-only, step-only); all interleaved round
+by round. Per run: efficiency, peak process RSS (psutil, sampled whenever a batch is produced or received) and
+peak batches in flight (produced by the dataset but not yet received by the step), both observed from the
+dataset and step side.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 
@@ -15,7 +18,7 @@ from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S4 jitter and depth (time per batch)", timer=harness.span_clock),
-    pytest.mark.timeout(600),  # measure mode on a busy 2-core machine; smoke mode takes seconds
+    pytest.mark.timeout(900),  # the first test measures every case, interleaved; smoke mode takes seconds
 ]
 
 DEPTHS = (1, 2, 4, 8)
@@ -49,32 +52,44 @@ def _cases() -> list:
     return cases
 
 
-def _run(bench, who: str, depth: int | None, benchmark=None) -> harness.Measurement:
+def _key(who: str, depth: int | None) -> str:
+    return who if depth is None else f"{who}[depth={depth}]"
+
+
+def _design(who: str, depth: int | None):
+    return IMPLEMENTATIONS[who] if depth is None else IMPLEMENTATIONS[who].variant(depth=depth)
+
+
+def _once(bench, who: str, depth: int | None) -> harness.Probe:
     sizes = bench.sizes
     n = sizes.s4_batches
-    loads = harness.jittered_loads(n, sizes.s4_c_ms, SEED)
     iterations = bench.burner.iterations_for(sizes.s4_c_ms)
+    probe = harness.Probe(track_rss=True)
+    dataset = harness.TimedDataset(n, harness.jittered_loads(n, sizes.s4_c_ms, SEED), probe, sizes.s4_rows, FEATURES)
+    if who == "baseline:load-only":
+        harness.run_load_only(probe, harness.loader(dataset))
+    elif who == "baseline:step-only":
+        batches = [dataset.make(i) for i in range(n)]
+        harness.run_step_only(harness.RegularStep(probe, FEATURES, bench.burner, iterations), batches)
+        del batches
+    elif who == "baseline:regular":
+        module = harness.RegularStep(probe, FEATURES, bench.burner, iterations)
+        harness.fit(harness.make_trainer(None, bench.root), module, harness.loader(dataset))
+    else:
+        module = harness.IterStep(probe, FEATURES, bench.burner, iterations)
+        harness.fit(harness.make_trainer(_design(who, depth), bench.root), module, harness.loader(dataset))
+    harness.check_exactly_once(probe.received, n)
+    return probe
 
-    def once() -> harness.Probe:
-        probe = harness.Probe(track_rss=True)
-        dataset = harness.TimedDataset(n, loads, probe, sizes.s4_rows, FEATURES)
-        if who == "baseline:load-only":
-            harness.run_load_only(probe, harness.loader(dataset))
-        elif who == "baseline:step-only":
-            batches = [dataset.make(i) for i in range(n)]
-            harness.run_step_only(harness.RegularStep(probe, FEATURES, bench.burner, iterations), batches)
-            del batches
-        elif who == "baseline:regular":
-            module = harness.RegularStep(probe, FEATURES, bench.burner, iterations)
-            harness.fit(harness.make_trainer(None, bench.root), module, harness.loader(dataset))
-        else:
-            design = IMPLEMENTATIONS[who] if depth is None else IMPLEMENTATIONS[who].variant(depth=depth)
-            module = harness.IterStep(probe, FEATURES, bench.burner, iterations)
-            harness.fit(harness.make_trainer(design, bench.root), module, harness.loader(dataset))
-        harness.check_exactly_once(probe.received, n)
-        return probe
 
-    return harness.measure(benchmark, once, n, sizes.s4_rounds, sizes.warmup)
+def _point(bench) -> harness.Interleaved:
+    sizes = bench.sizes
+    runs = {}
+    for case in _cases():
+        who, depth = case.values
+        if who in IMPLEMENTATIONS or who in BASELINES:
+            runs[_key(who, depth)] = partial(_once, bench, who, depth)
+    return bench.store.point(("S4",), lambda: harness.Interleaved(runs, sizes.s4_batches, sizes.s4_rounds, sizes.warmup))
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +106,9 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str, depth: int 
     sizes = bench.sizes
     n = sizes.s4_batches
     batch_mb = sizes.s4_rows * (FEATURES + 1) * 4 / 2**20
-    measurement = _run(bench, who, depth, benchmark)
+    data = _point(bench)
+    measurement = data.measurement(_key(who, depth))
+    harness.report(benchmark, measurement)
     common = dict(
         L_mean_ms=sizes.s4_c_ms, L_distribution=f"exponential, mean C, seed {SEED}", C_target_ms=sizes.s4_c_ms,
         n_batches=n, batch_mb=harness.rounded(batch_mb, 3),
@@ -101,22 +118,21 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str, depth: int 
         peak_in_flight=max(p.peak_in_flight for p in measurement.probes), rounds=measurement.rounds,
     )
     if who in BASELINES:
-        bench.store.baselines[("S4", who)] = measurement
         row = dict(design=who, role="baseline", depth=None, **common)
         bench.extra_info(benchmark, row)
         bench.store.record("S4", row)
         return
 
-    base = {b: bench.store.baseline(("S4", b), lambda b=b: _run(bench, b, None)) for b in BASELINES}
     t = measurement.median_ms
-    t_serial = base["baseline:regular"].median_ms
-    t_ideal = max(base["baseline:load-only"].median_ms, base["baseline:step-only"].median_ms)
+    t_serial = data.measurement("baseline:regular").median_ms
+    l_meas = data.measurement("baseline:load-only").median_ms
+    c_meas = data.measurement("baseline:step-only").median_ms
+    t_ideal = max(l_meas, c_meas)
     efficiency = (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
-    design = IMPLEMENTATIONS[who] if depth is None else IMPLEMENTATIONS[who].variant(depth=depth)
+    design = _design(who, depth)
     row = dict(
         design=design.id, role="design", depth=depth, **common,
-        L_ms=harness.rounded(base["baseline:load-only"].median_ms),
-        C_ms=harness.rounded(base["baseline:step-only"].median_ms),
+        L_ms=harness.rounded(l_meas), C_ms=harness.rounded(c_meas),
         t_serial_ms=harness.rounded(t_serial), t_ideal_ms=harness.rounded(t_ideal),
         efficiency=harness.rounded(efficiency),
         in_flight_limit=None if depth is None else depth + 1,
