@@ -13,14 +13,19 @@ User code::
     trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
     trainer.fit(Model(), train_dataloaders=loader)
 
+        def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
+
 Options: ``depth`` (default 2) is the most batches produced ahead of the step; ``0`` produces each batch on the
 main thread when it is needed. ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
 with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
 
-One background thread per epoch loads batches and applies the transfer hooks; on CUDA it also pins them and copies
+One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it also pins them and copies
 them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue; batch progress,
 ``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the batches the step
-consumed, never the ones merely prefetched. The regular flavour keeps Lightning's own fetcher.
+consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's iterator ends
+(``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call. The regular
+flavour keeps Lightning's own fetcher.
 """
 
 from __future__ import annotations
@@ -37,12 +42,15 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.types import _Stateful
 from lightning_utilities.core.apply_func import apply_to_collection
+from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from prototypes.common import (
@@ -132,13 +140,15 @@ class Prefetcher:
 
 # ------------------------------------------------------------------------------------------------ the fetcher
 _FOREIGN_STOP_ITERATION = (
-    "training_step raised StopIteration while dataloader_iter still has batches, so it did not come from"
+    "{step} raised StopIteration while dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending the epoch here would silently skip the remaining batches. Catch StopIteration from"
     " other iterators inside the step."
 )
 
+
 class _Produced(NamedTuple):
     batch: Any
+    batch_idx: int
     dataloader_idx: int
     loader_states: list[dict] | None  # the loaders' state right after this batch: what a checkpoint records
     ready: torch.cuda.Event | None  # recorded on the side stream after the copies of this batch
@@ -153,24 +163,25 @@ class _LoaderExhausted(StopIteration):
 
 
 class _StepIterator(Iterator):
-    """The ``dataloader_iter`` handed to one step call; closed once that call is over."""
+    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader; closed once the call is over."""
 
-    def __init__(self, fetcher: _PrefetchingIterFetcher) -> None:
+    def __init__(self, fetcher: _PrefetchingIterFetcher, dataloader_idx: int) -> None:
         self._fetcher = fetcher
+        self.dataloader_idx = dataloader_idx
         self._open = True
 
     def __next__(self) -> tuple[Any, int, int]:
         if not self._open:
             raise RuntimeError(
-                "`dataloader_iter` was used after the training_step it was passed to returned. Call `next()` only"
-                " inside that step; a later step receives its own `dataloader_iter`."
+                f"`dataloader_iter` was used after the {self._fetcher.hook_name} it was passed to returned. Call"
+                " `next()` only inside that step; a later step receives its own `dataloader_iter`."
             )
-        return self._fetcher.consume()
+        return self._fetcher.consume(self.dataloader_idx)
 
     @property
     def done(self) -> bool:
-        """True once the last batch of the epoch has been handed out."""
-        return self._fetcher.done
+        """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
+        return self._fetcher.done_for(self.dataloader_idx)
 
     def close(self) -> None:
         self._open = False
@@ -184,16 +195,19 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches.
     """
 
-    def __init__(self, trainer: pl.Trainer, depth: int, transfer_ahead: bool, copy_stream: Any) -> None:
+    def __init__(self, loop: _InstallsPrefetchingFetcher) -> None:
         super().__init__()
-        self.trainer = trainer
-        self.depth = depth
-        self.transfer_ahead = transfer_ahead
-        self.copy_stream = copy_stream  # a torch.cuda.Stream, or None off CUDA / without background transfer
+        self.trainer = loop.trainer
+        self.hook_name = loop.step_name
+        self.progress = loop.counted_progress
+        self.depth = loop.options.depth
+        self.transfer_ahead = loop.options.transfer_ahead
+        self.copy_stream = loop.options.side_stream(self.trainer)  # None off CUDA / without background transfer
         self.prefetcher: Prefetcher | None = None
         self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
         self.consumed_in_step = 0
-        self.no_progress = NoProgressGuard()
+        self.cut_short = False  # the current step call ended in the StopIteration of its dataloader's end
+        self.no_progress = NoProgressGuard(self.hook_name)
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
@@ -213,9 +227,25 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def __iter__(self) -> _PrefetchingIterFetcher:
         self.stop()
         _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
+        return self._begin()
+
+    def adopt(self, started: _DataFetcher) -> _PrefetchingIterFetcher:
+        """Take over the loader iterator of Lightning's fetcher, which the evaluation loops set up and iterate
+        before installing it (``_EvaluationLoop.reset``). Why: iterating again would start the workers twice."""
+        self.stop()
+        self.setup(started.combined_loader)
+        self.iterator = started.iterator
+        self.reset()
+        self.fetched, self._start_profiler, self._stop_profiler = (
+            started.fetched, started._start_profiler, started._stop_profiler
+        )
+        return self._begin()
+
+    def _begin(self) -> _PrefetchingIterFetcher:
         self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
+        self._resumed_at = 0
         self.loader_states = self._loader_states()
-        self.prefetcher = Prefetcher(self._produce, self.depth, name="prefetcher-batches")
+        self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
         return self
 
     def __next__(self) -> _StepIterator:
@@ -226,28 +256,38 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if self.step_calls:
             self.no_progress.step_returned(self.consumed_in_step)  # of the previous call
         self.close_step()
-        self._batch, self._batch_idx, self._dataloader_idx = head.batch, self.fetched, head.dataloader_idx
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
         self.step_calls += 1
         self.consumed_in_step = 0
+        self.cut_short = False
         self.step_batches = []
-        self._step_iterator = _StepIterator(self)
+        self._step_iterator = _StepIterator(self, head.dataloader_idx)
         return self._step_iterator
 
-    def consume(self) -> tuple[Any, int, int]:
-        """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
+    def done_for(self, dataloader_idx: int) -> bool:
+        """No batch of ``dataloader_idx`` is left: a step call's iterator never spans two dataloaders (C15)."""
         head = self._peek_on_every_rank()
-        if head is None:
+        return head is None or head.dataloader_idx != dataloader_idx
+
+    def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
+        """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
+        if self.done_for(dataloader_idx):
             raise StopIteration
-        self._head = None
+        head, self._head = self._head, None
         self.prefetcher.release()
-        batch_idx = self.fetched
         self.fetched += 1
         self.consumed_in_step += 1
         self.loader_states = head.loader_states
-        self._batch, self._batch_idx, self._dataloader_idx = head.batch, batch_idx, head.dataloader_idx
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
         self.step_batches.append(head.batch)
-        self.trainer.fit_loop.epoch_loop.batch_progress.count_consumed()
-        return head.batch, batch_idx, head.dataloader_idx
+        self.progress.count_consumed()
+        return head.batch, head.batch_idx, head.dataloader_idx
+
+    def step_stopped(self) -> None:
+        """The step call raised StopIteration: at its dataloader's end that ends the call; elsewhere it is an error."""
+        if self._step_iterator is not None and not self._step_iterator.done:
+            raise RuntimeError(_FOREIGN_STOP_ITERATION.format(step=self.hook_name)) from None
+        self.cut_short = True
 
     def close_step(self) -> None:
         if self._step_iterator is not None:
@@ -310,12 +350,14 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def _produce(self) -> _Produced:
         """Load one batch and (optionally) transfer it; runs on the prefetch thread unless depth is 0."""
         try:
-            batch, _, dataloader_idx = next(self.iterator)
+            batch, loader_batch_idx, dataloader_idx = next(self.iterator)
         except StopIteration:
             raise _LoaderExhausted(self._loader_states()) from None
         if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
-            self._produced = self.fetched
+            self._produced = self._resumed_at = self.fetched
         self._produced += 1
+        # Why add: the combined loader counts from 0 again after a resume (and for each evaluation dataloader)
+        batch_idx = self._resumed_at + loader_batch_idx
         if self.length is not None and self._produced > self.length:
             # Why ask the loader once past Lightning's length (limit_train_batches included; the combined loader
             # does not stop at a limit): a loader that ended yields the state that makes a resumed run start the
@@ -330,7 +372,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 ready = self.copy_stream.record_event()
         elif self.transfer_ahead:
             batch = self._transfer(batch, dataloader_idx)
-        return _Produced(batch, dataloader_idx, loader_states, ready)
+        return _Produced(batch, batch_idx, dataloader_idx, loader_states, ready)
 
     def _transfer(self, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
         """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
@@ -368,7 +410,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def reset(self) -> None:
         super().reset()
         self.step_calls = self.consumed_in_step = 0
-        self.no_progress = NoProgressGuard()
+        self.no_progress = NoProgressGuard(self.hook_name)
         self._agreed_head, self._ended_on_every_rank = None, False
 
     def teardown(self) -> None:
@@ -429,8 +471,7 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         try:
             outputs = super().run(optimizer, batch_idx, kwargs)
         except StopIteration:
-            if not fetcher.done:
-                raise RuntimeError(_FOREIGN_STOP_ITERATION) from None
+            fetcher.step_stopped()
             # Why: the step's next() found the end of the data, aborting the closure (and with it the optimizer
             # step, if this call was to take one): no backward ran, earlier calls' gradients are still pending.
             # Returning lets Lightning's loop finish the call as usual (end hooks, batch counts).
@@ -525,14 +566,29 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
         return counted.completed // interval > (counted.completed - fetcher.consumed_in_step) // interval
 
 
-class _PrefetchingFitLoop(_FitLoop):
-    """Lightning's fit loop; the one change is which fetcher ``setup_data`` installs for the training step."""
+@dataclass
+class _Options:
+    """The design's options and the CUDA side stream, shared by one trainer's loops."""
 
-    def __init__(self, trainer: pl.Trainer, depth: int, transfer_ahead: bool, **kwargs: Any) -> None:
-        self.depth = depth
-        self.transfer_ahead = transfer_ahead
-        self._copy_stream: Any = None
-        super().__init__(trainer, **kwargs)
+    depth: int
+    transfer_ahead: bool
+    copy_stream: Any = None
+
+    def side_stream(self, trainer: pl.Trainer) -> Any:
+        device = trainer.strategy.root_device
+        if self.copy_stream is None and device.type == "cuda" and self.depth and self.transfer_ahead:
+            # Why once per run: a new stream per epoch strands the caching allocator's per-stream blocks (timm #2781)
+            self.copy_stream = torch.cuda.Stream(device)
+        return self.copy_stream
+
+
+class _InstallsPrefetchingFetcher:
+    """What every loop of the design changes: the fetcher installed for a step taking ``dataloader_iter``."""
+
+    trainer: pl.Trainer
+    options: _Options
+    step_name: str
+    counted_progress: _ConsumedBatchProgress  # the batch progress that counts consumed batches
 
     @property
     def _data_fetcher(self) -> _DataFetcher | None:
@@ -540,21 +596,89 @@ class _PrefetchingFitLoop(_FitLoop):
 
     @_data_fetcher.setter
     def _data_fetcher(self, fetcher: _DataFetcher | None) -> None:
-        # Why a setter: `_FitLoop.setup_data` assigns Lightning's choice and then calls setup/iter on it; replacing it
-        # here, before that, avoids starting the loader (and its workers) twice.
+        # Why a setter: the loops assign Lightning's choice (`_select_data_fetcher`) and use it. The fit loop assigns
+        # it before setup/iter, so the replacement starts the loader itself; the evaluation loops assign it set up
+        # and iterated, so the replacement adopts its loader iterator. Either way the workers start once.
         if type(fetcher) is _DataLoaderIterDataFetcher:
-            refuse_mixed_step_signature(self.trainer.lightning_module.training_step, "training_step")
-            fetcher = _PrefetchingIterFetcher(self.trainer, self.depth, self.transfer_ahead, self._side_stream())
+            refuse_mixed_step_signature(getattr(self.trainer.lightning_module, self.step_name), self.step_name)
+            started, fetcher = fetcher, _PrefetchingIterFetcher(self)
+            if started.iterator is not None:
+                fetcher.adopt(started)
         self.__dict__["_data_fetcher"] = fetcher
         if fetcher is not None:
-            self.epoch_loop.batch_progress.counts_consumed = isinstance(fetcher, _PrefetchingIterFetcher)
+            self.counted_progress.counts_consumed = isinstance(fetcher, _PrefetchingIterFetcher)
 
-    def _side_stream(self) -> Any:
-        device = self.trainer.strategy.root_device
-        if self._copy_stream is None and device.type == "cuda" and self.depth and self.transfer_ahead:
-            # Why once per fit: a new stream per epoch strands the caching allocator's per-stream blocks (timm #2781)
-            self._copy_stream = torch.cuda.Stream(device)
-        return self._copy_stream
+    def teardown(self) -> None:
+        super().teardown()  # type: ignore[misc]
+        self.options.copy_stream = None
+
+
+class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
+    """The evaluation and prediction loops: Lightning's, with the design's fetcher and one call per dataloader."""
+
+    def __init__(self, *args: Any, options: _Options, **kwargs: Any) -> None:
+        self.options = options
+        super().__init__(*args, **kwargs)
+        self.batch_progress = self.counted_progress = _ConsumedBatchProgress()
+
+    def run(self) -> Any:
+        if not takes_dataloader_iter(getattr(self.trainer.lightning_module, self.step_name)):
+            return super().run()  # type: ignore[misc]
+        # Why shadow the strategy's step on the instance: Lightning calls the step through it, the one frame between
+        # the user's step and the loop, which ends the whole run (every dataloader) at a StopIteration.
+        strategy = self.trainer.strategy
+        setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
+        try:
+            return super().run()  # type: ignore[misc]
+        finally:
+            delattr(strategy, self.step_name)
+            if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
+                self._data_fetcher.stop()  # Why: the prefetch thread must not outlive the evaluation run
+
+
+def _step_call(step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwargs: Any) -> Any:
+    """An evaluation step call: the StopIteration at the end of its dataloader ends the call (returning None)."""
+    if not isinstance(dataloader_iter, _StepIterator):
+        return step(dataloader_iter, *args, **kwargs)
+    fetcher = dataloader_iter._fetcher
+    try:
+        return step(dataloader_iter, *args, **kwargs)
+    except StopIteration:
+        fetcher.step_stopped()
+        return None
+    finally:
+        fetcher.close_step()
+
+
+class _PrefetchingEvaluationLoop(_PrefetchingEvaluationSteps, _EvaluationLoop):
+    @property
+    def step_name(self) -> str:
+        return "test_step" if self.trainer.testing else "validation_step"
+
+
+class _PrefetchingPredictionLoop(_PrefetchingEvaluationSteps, _PredictionLoop):
+    step_name = "predict_step"
+
+    def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
+        super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)
+        fetcher = self._data_fetcher
+        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.cut_short and self.return_predictions:
+            # Why: a call ended by StopIteration returned no prediction; Lightning stored its None
+            self._predictions[fetcher._dataloader_idx].pop()
+
+
+class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, _FitLoop):
+    """Lightning's fit loop; the one change is which fetcher ``setup_data`` installs for the training step."""
+
+    step_name = "training_step"
+
+    def __init__(self, trainer: pl.Trainer, options: _Options, **kwargs: Any) -> None:
+        self.options = options
+        super().__init__(trainer, **kwargs)
+
+    @property
+    def counted_progress(self) -> _ConsumedBatchProgress:
+        return self.epoch_loop.batch_progress
 
     def run(self) -> None:
         module = self.trainer.lightning_module
@@ -581,10 +705,6 @@ class _PrefetchingFitLoop(_FitLoop):
             # Why: the loaders have run ahead by the prefetched batches; record the state after the consumed ones.
             state_dict["combined_loader"] = fetcher.loader_states
         return state_dict
-
-    def teardown(self) -> None:
-        super().teardown()
-        self._copy_stream = None
 
 
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
@@ -620,14 +740,23 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
     trainer = pl.Trainer(**trainer_kwargs)
-    stock = trainer.fit_loop
-    fit_loop = _PrefetchingFitLoop(
-        trainer, depth, transfer_ahead, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs
-    )
+    stock, options = trainer.fit_loop, _Options(depth, transfer_ahead)
+    inference_mode = trainer.predict_loop.inference_mode
+    fit_loop = _PrefetchingFitLoop(trainer, options, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs)
     fit_loop.epoch_loop = _PrefetchingEpochLoop(
         trainer, min_steps=stock.epoch_loop.min_steps, max_steps=stock.epoch_loop.max_steps
     )
+    fit_loop.epoch_loop.val_loop = _PrefetchingEvaluationLoop(
+        trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False, options=options
+    )
     trainer.fit_loop = fit_loop
+    trainer.validate_loop = _PrefetchingEvaluationLoop(
+        trainer, TrainerFn.VALIDATING, RunningStage.VALIDATING, inference_mode=inference_mode, options=options
+    )
+    trainer.test_loop = _PrefetchingEvaluationLoop(
+        trainer, TrainerFn.TESTING, RunningStage.TESTING, inference_mode=inference_mode, options=options
+    )
+    trainer.predict_loop = _PrefetchingPredictionLoop(trainer, inference_mode=inference_mode, options=options)
     return trainer
 
 

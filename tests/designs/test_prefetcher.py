@@ -16,7 +16,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
 from prototypes.prefetcher import Prefetcher
-from tests.conformance.harness import IterStepModule, SizedItems, item, make_loader, make_trainer
+from tests.conformance.harness import IterStepModule, SizedItems, ids, item, make_loader, make_trainer
 
 PREFETCHER = IMPLEMENTATIONS["prefetcher"]
 DEPTHS = [0, 1, 2, 4]
@@ -342,7 +342,7 @@ class RecordsThreads(IterStepModule):
 
 @pytest.mark.parametrize(
     "options,where",
-    [({"depth": 0}, "MainThread"), ({"depth": 2}, "prefetcher-batches"),
+    [({"depth": 0}, "MainThread"), ({"depth": 2}, "prefetcher-training_step"),
      ({"depth": 2, "transfer_ahead": False}, "MainThread")],
     ids=["depth0", "ahead", "transfer-on-main"],
 )
@@ -424,3 +424,94 @@ def test_cuda_batches_arrive_on_the_device_from_the_side_stream():
     make_trainer(PREFETCHER, accelerator="cuda").fit(module, make_loader(n_items=32, num_workers=2))
     assert module.record.devices and all(device.type == "cuda" for device in module.record.devices)
     assert module.record.received == [tuple(range(i, i + 2)) for i in range(0, 32, 2)]
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+class EvalThreads(RecordsThreads):
+    """Evaluation steps take one batch per call; records the prefetch threads alive after each evaluation run."""
+
+    def __init__(self) -> None:
+        super().__init__((1,))
+        self.alive_after_run: list[tuple[str, list[str], bool]] = []  # (loop, prefetch threads, producer stopped)
+        self.predictions_per_call: list[list[int]] = []
+
+    def _eval_step(self, dataloader_iter):
+        batch, _, _ = next(dataloader_iter)
+        return batch[0]
+
+    validation_step = test_step = _eval_step
+
+    def predict_step(self, dataloader_iter):
+        ids_ = []
+        for _ in range(3):
+            ids_ += ids(next(dataloader_iter)[0])
+        self.predictions_per_call.append(ids_)  # the cut-short last call appends nothing: next() raised first
+        return ids_
+
+
+def recording_runs(module: EvalThreads, trainer) -> None:
+    """Wrap each evaluation loop's ``run`` to record the prefetch threads still alive when it returns, and whether
+    its fetcher stopped producing (deterministic: a producer that reached the data's end exits by itself soon)."""
+    for name, loop in [("validate", trainer.validate_loop), ("test", trainer.test_loop),
+                       ("predict", trainer.predict_loop), ("fit", trainer.fit_loop.epoch_loop.val_loop)]:
+        def run(loop=loop, run=loop.run, name=name):
+            try:
+                return run()
+            finally:
+                stopped = loop._data_fetcher is None or loop._data_fetcher.prefetcher is None
+                module.alive_after_run.append((name, [t.name for t in prefetch_threads()], stopped))
+        loop.run = run
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("depth", [1, 4])
+def test_no_evaluation_prefetch_thread_outlives_its_run(depth):
+    module = EvalThreads()
+    trainer = quiet_trainer(depth, max_epochs=2, num_sanity_val_steps=2)
+    recording_runs(module, trainer)
+    trainer.fit(module, make_loader(n_items=8), [make_loader(n_items=8), make_loader(n_items=6)])
+    for stage in ("validate", "test"):
+        getattr(trainer, stage)(module, make_loader(n_items=8), verbose=False)
+    trainer.predict(module, make_loader(n_items=8))
+    # the sanity check and two epochs' validation during fit, then validate, test and predict
+    assert [name for name, *_ in module.alive_after_run] == ["fit"] * 3 + ["validate", "test", "predict"]
+    for name, alive, stopped in module.alive_after_run:
+        assert not [t for t in alive if not t.endswith("training_step")], f"{name}: left running after it: {alive}"
+        assert stopped, f"{name}: the evaluation run returned without stopping its prefetcher"
+    assert {"prefetcher-validation_step", "prefetcher-test_step", "prefetcher-predict_step"} <= module.transfer_threads
+    assert wait_until(lambda: not prefetch_threads())
+
+
+def test_a_predict_call_cut_short_by_stop_iteration_stores_no_prediction():
+    module = EvalThreads()
+    predictions = make_trainer(PREFETCHER).predict(module, make_loader(n_items=14))  # 7 batches, 3 per call
+    assert predictions == module.predictions_per_call == [list(range(6)), list(range(6, 12))]
+
+
+class StrayStopInValidation(EvalThreads):
+    def validation_step(self, dataloader_iter):
+        next(dataloader_iter)
+        next(iter(()))
+
+
+class IteratorKeptPastValidationStep(EvalThreads):
+    def validation_step(self, dataloader_iter):
+        self.kept = dataloader_iter
+        return next(dataloader_iter)[0][0]
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        next(self.kept)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("stage", ["validate", "fit"])
+@pytest.mark.parametrize("module_class,message", [(StrayStopInValidation, "validation_step raised StopIteration"),
+                                                  (IteratorKeptPastValidationStep, "after the validation_step")])
+def test_evaluation_misuse_is_an_error_and_leaves_no_thread(module_class, message, stage):
+    trainer, module, loader = quiet_trainer(4), module_class(), make_loader(n_items=32)  # the thread is blocked
+    with pytest.raises(RuntimeError, match=message):
+        if stage == "fit":
+            trainer.fit(module, make_loader(n_items=4), loader)
+        else:
+            trainer.validate(module, loader, verbose=False)
+    assert wait_until(lambda: not prefetch_threads())
