@@ -161,7 +161,6 @@ class S5:
                  root: Path) -> None:
         self.device, self.n, self.rows, self.cols, self.matmul = device, n, rows, cols, matmul
         self.rounds, self.warmup, self.root = rounds, warmup, root
-        self.probe_box: list[harness.Probe] = []
         self.data = PinnedBatches(n, rows, cols, harness.Probe(), pin=device.type == "cuda")
         self.ms_per_matmul = calibrate(device, matmul)
         self.copy_only = self.measure(lambda: self._copy_only())
@@ -306,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 verdict = check(measurement, n, reference)
                 t = measurement.median_ms
-                efficiency = (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
+                efficiency = harness.efficiency(t_serial, t, t_ideal)
                 rows_out.append(dict(
                     design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
                     time_per_batch_ms=harness.rounded(t), t_serial_ms=harness.rounded(t_serial),

