@@ -496,9 +496,11 @@ def _target_rule(spec: dict[str, Any]) -> str:
     return f"{_code(metric)} {_cell(str(compare).replace('>=', '≥').replace('<=', '≤'))} {shown}"
 
 
-def _target_result_cell(result: dict[str, Any], metric: str) -> str:
+def _target_result_cell(result: dict[str, Any], metric: str, threshold: Any = None) -> str:
     value = result.get("value")
     text = _fmt_number(metric, value) if _scalar(value) else _code(json.dumps(value))
+    if _number(value) and _number(threshold) and text == _fmt_number(metric, threshold) and value != threshold:
+        text = f"{value:.4f}"  # rounding would make a miss read like the threshold itself
     if result.get("point") is not None:
         text = f"{_cell(result['point'])}: {text}"
     if _number(result.get("limit")):
@@ -521,7 +523,8 @@ def _targets_table(targets: Any) -> str:
         metric = str(spec.get("metric", ""))
         results = [r for r in spec.get("results") or [] if isinstance(r, dict)]
         if results:
-            where = "<br>".join(f"{_code(r.get('design', '?'))}: {_target_result_cell(r, metric)}" for r in results)
+            where = "<br>".join(f"{_code(r.get('design', '?'))}: {_target_result_cell(r, metric, spec.get('threshold'))}"
+                                for r in results)
         else:
             where = _cell(spec.get("note") or "no result")
         rows.append([_cell(scenario), _cell(spec.get("what", "")), _target_rule(spec), where])
@@ -774,12 +777,13 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
             if len(mine) > 2:  # many variants (e.g. every depth): count them, list only the misses
                 missed = [r for r in mine if r.get("met") is False]
                 text = f"{len(mine) - len(missed)} of {len(mine)} results met"
-                text += "".join(f"<br>{_code(r.get('design'))}: {_target_result_cell(r, metric)}" for r in missed)
+                text += "".join(f"<br>{_code(r.get('design'))}: {_target_result_cell(r, metric, spec.get('threshold'))}"
+                                for r in missed)
                 row.append(text)
                 continue
             row.append("<br>".join(
                 (f"{_code(r.get('design'))}: " if len(mine) > 1 or r.get("design") != name else "")
-                + _target_result_cell(r, metric) for r in mine))
+                + _target_result_cell(r, metric, spec.get("threshold")) for r in mine))
         rows.append(row)
     legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). A target "
               "cell shows the recorded median and whether it meets the rule in the header; \"–\" means the target "

@@ -250,3 +250,10 @@ def test_the_command_line(rfc):
     assert subprocess.run(cli, capture_output=True, text=True, timeout=120).returncode == 0
     fresh = subprocess.run([*cli, "--check"], capture_output=True, text=True, timeout=120)
     assert fresh.returncode == 0 and "up to date" in fresh.stdout
+
+
+def test_a_miss_never_reads_like_the_threshold(rfc):
+    write_results(rfc, conformance(), benchmarks(beta_efficiency=0.9489))
+    run(rfc)
+    text = (rfc / "generated" / "benchmarks.md").read_text()
+    assert "`beta`: 0.9489 **missed**" in text
