@@ -133,6 +133,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     store.notes["loadavg_end"] = list(os.getloadavg())
     store.notes["pytest_exitstatus"] = int(exitstatus)
+    # Only the start is a fair sign of other work: later load averages include this run's own threads.
+    at_start = store.notes.get("loadavg_start", [0.0])[0]
+    if at_start > 0.75:
+        store.notes["warning"] = (
+            f"the machine was busy when the run started (1-minute load average {at_start:.1f} on {os.cpu_count()}"
+            " cores): every figure is noisier for it, and S2 needs both cores idle"
+        )
     complete = all(store.rows.get(s) for s in ("S1", "S2", "S3", "S4"))
     name = f"benchmarks-{harness.MACHINE_KIND}.json"
     if os.environ.get("BENCHMARKS_RESULTS"):

@@ -505,7 +505,11 @@ class ResultStore:
     def point(self, key: tuple, measure_now: Callable[[], Interleaved]) -> Interleaved:
         """A scenario point's interleaved measurements, taken by the first test that needs them."""
         if key not in self.points:
+            before = os.getloadavg()[0]
             self.points[key] = measure_now()
+            # before and after; both include this run's own threads
+            self.notes.setdefault("loadavg_1min_per_point", {})[" ".join(map(str, key))] = [
+                round(before, 2), round(os.getloadavg()[0], 2)]
         return self.points[key]
 
 
