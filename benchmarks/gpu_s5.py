@@ -2,7 +2,7 @@
 
 Run on a machine with CUDA, from the repository root::
 
-    python benchmarks/gpu_s5.py            # about 1-2 minutes on one H200 (budget: under 5)
+    python benchmarks/gpu_s5.py            # estimated 1-2 minutes on one H200 (budget: under 5; not yet run on a GPU)
     python benchmarks/gpu_s5.py --quick    # a smaller correctness-first run
 
 Each item is a pinned host batch (``--batch-mib``, default 64 MiB) whose values identify it; loading is the
