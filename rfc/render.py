@@ -209,7 +209,14 @@ def _setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> 
 def _bench_setup(data: dict[str, Any], kind: str) -> str:
     notes = data.get("notes") if isinstance(data.get("notes"), dict) else {}
     mode = notes.get("mode") if isinstance(notes.get("mode"), str) else None
-    return _setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json", mode)
+    line = _setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json", mode)
+    if isinstance(notes.get("warning"), str) and notes["warning"].strip():
+        line += f"\n\n> **The run warns:** {_cell(notes['warning'])}"
+    status = notes.get("pytest_exitstatus")
+    if isinstance(status, int) and not isinstance(status, bool) and status != 0:
+        line += (f"\n\n> **The run did not pass:** pytest exited with status {status}, so at least one of the "
+                 "benchmarks' own assertions failed in that run.")
+    return line
 
 
 def _fmt_number(key: str, value: Any) -> str:
@@ -722,6 +729,10 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
     if inputs.conformance:
         names += list(inputs.conformance.get("designs") or {})
         names += [r["design"] for r in inputs.conformance["results"]]
+    for data in inputs.benchmarks.values():  # the benchmarks' own design order (registry order) next
+        for rows in (data.get("scenarios") or {}).values():
+            names += [_bench_design_of(str(r.get("design", "?"))) for r in rows or []
+                      if isinstance(r, dict) and not _is_baseline(r)]
     target_cols: list[tuple[str, str, dict[str, Any]]] = []  # (header, kind, spec)
     for kind, data in inputs.benchmarks.items():
         targets = data.get("targets") if isinstance(data.get("targets"), dict) else {}
