@@ -364,6 +364,24 @@ class IterStepModule(RecordingModule):
         return self.finish_step(batches)
 
 
+class Crash(Exception):
+    """A simulated failure, raised by :class:`CrashingModule`."""
+
+
+class CrashingModule(IterStepModule):
+    """Raises :class:`Crash` at the start of step call ``crash_at``, before consuming anything."""
+
+    def __init__(self, pattern, crash_at: int | None = None, first_call: int = 0) -> None:
+        super().__init__(pattern)
+        self.crash_at = crash_at
+        self.step_calls = first_call  # a resumed module continues the pattern where the checkpoint left it
+
+    def training_step(self, dataloader_iter):
+        if self.step_calls == self.crash_at:
+            raise Crash(f"crash at step call {self.crash_at}")
+        return super().training_step(dataloader_iter)
+
+
 class RegularStepModule(RecordingModule):
     """The regular flavour, ``training_step(self, batch, batch_idx)``."""
 

@@ -14,25 +14,9 @@ from hypothesis import given, strategies as st
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from tests.conformance.harness import BATCH_SIZE, IterStepModule, SizedItems, make_trainer, split_by_pattern
+from tests.conformance.harness import BATCH_SIZE, Crash, CrashingModule, SizedItems, make_trainer, split_by_pattern
 
 pytestmark = pytest.mark.clause("C11")
-
-
-class Crash(Exception):
-    """The simulated failure."""
-
-
-class CrashingModule(IterStepModule):
-    def __init__(self, pattern, crash_at: int | None = None, first_call: int = 0) -> None:
-        super().__init__(pattern)
-        self.crash_at = crash_at
-        self.step_calls = first_call  # a resumed module continues the pattern where the checkpoint left it
-
-    def training_step(self, dataloader_iter):
-        if self.step_calls == self.crash_at:
-            raise Crash(f"crash at step call {self.crash_at}")
-        return super().training_step(dataloader_iter)
 
 
 def stateful_loader(n_items: int, workers: int = 0) -> StatefulDataLoader:

@@ -21,6 +21,8 @@ import prototypes.callback
 from prototypes.callback import DESIGN, DataloaderIterCallback, StepIterator
 from tests.conformance.harness import (
     BATCH_SIZE,
+    Crash,
+    CrashingModule,
     QUIET,
     IterStepModule,
     RegularStepModule,
@@ -394,21 +396,6 @@ def test_evaluation_step_that_never_consumes_is_stopped_by_the_guard():
 
 
 # ------------------------------------------------------------------------------- ModelCheckpoint and resume
-class Crash(Exception):
-    pass
-
-
-class CrashAt(IterStepModule):
-    def __init__(self, crash_at: int | None) -> None:
-        super().__init__((2,))
-        self.crash_at = crash_at
-
-    def training_step(self, dataloader_iter):
-        if self.step_calls == self.crash_at:
-            raise Crash
-        return super().training_step(dataloader_iter)
-
-
 @pytest.mark.parametrize("dataset", [SizedItems, UnsizedItems], ids=["sized", "unsized"])
 def test_resume_from_model_checkpoint_continues_batches_and_their_indices(tmp_path, dataset):
     # 10 batches, 2 per step, a checkpoint every 2 step calls, a crash entering step call 3: the checkpoint holds
@@ -421,8 +408,8 @@ def test_resume_from_model_checkpoint_continues_batches_and_their_indices(tmp_pa
         return configured
 
     with pytest.raises(Crash):
-        run(CrashAt(3))
-    resumed = CrashAt(None)
+        run(CrashingModule((2,), crash_at=3))
+    resumed = CrashingModule((2,), crash_at=None)
     resumed_trainer = run(resumed, ckpt_path=str(tmp_path / "last.ckpt"))
     sequence = loader_sequence(DataLoader(dataset(20), batch_size=BATCH_SIZE))
     assert [(b, i) for step in resumed.record.steps for b, i, _ in step] == list(zip(sequence, range(10)))[4:]

@@ -16,7 +16,16 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
 from prototypes.prefetcher import Prefetcher
-from tests.conformance.harness import IterStepModule, SizedItems, ids, item, make_loader, make_trainer
+from tests.conformance.harness import (
+    Crash,
+    CrashingModule,
+    IterStepModule,
+    SizedItems,
+    ids,
+    item,
+    make_loader,
+    make_trainer,
+)
 
 PREFETCHER = IMPLEMENTATIONS["prefetcher"]
 DEPTHS = [0, 1, 2, 4]
@@ -271,21 +280,6 @@ def test_checkpointed_loader_state_matches_the_consumed_batches(depth):
         assert any(live > done for live, done in zip(module.live, consumed)), (module.live, consumed)
 
 
-class Crash(Exception):
-    pass
-
-
-class CrashingAt(IterStepModule):
-    def __init__(self, crash_at: int | None) -> None:
-        super().__init__((2,))
-        self.crash_at = crash_at
-
-    def training_step(self, dataloader_iter):
-        if self.step_calls == self.crash_at:
-            raise Crash
-        return super().training_step(dataloader_iter)
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("depth", [1, 4])
 def test_resumed_run_redelivers_prefetched_but_unconsumed_batches(depth, tmp_path):
@@ -298,11 +292,11 @@ def test_resumed_run_redelivers_prefetched_but_unconsumed_batches(depth, tmp_pat
     def loader():
         return StatefulDataLoader(SizedItems(24), batch_size=2)
 
-    first = CrashingAt(crash_at=3)  # checkpoint after step call 2 (4 batches), crash before consuming in call 3
+    first = CrashingModule((2,), crash_at=3)  # checkpoint after step call 2 (4 batches), crash before consuming in call 3
     with pytest.raises(Crash):
         trainer().fit(first, loader())
     assert first.record.received == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11)]
-    resumed = CrashingAt(crash_at=None)
+    resumed = CrashingModule((2,), crash_at=None)
     trainer().fit(resumed, loader(), ckpt_path=str(tmp_path / "last.ckpt"))
     # batches 4..5 were consumed after the checkpoint and 6.. were prefetched: all are owed again, in order
     assert resumed.record.received == [tuple(range(i, i + 2)) for i in range(8, 24, 2)]
