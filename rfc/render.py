@@ -392,6 +392,25 @@ def block_designs(inputs: Inputs, page_dir: Path) -> str:
         ["Design", "Summary (from the registry)", "Variants the suite ran"], rows)
 
 
+def block_clause_tests(inputs: Inputs, page_dir: Path) -> str:
+    """The test ids that check each clause (test functions, with how many parametrized cases each runs per variant)."""
+    data = inputs.conformance
+    if data is None:
+        return _no_results("conformance results", CONFORMANCE_COMMAND)
+    cases: dict[str, Counter] = defaultdict(Counter)
+    counted = data["results"][0]["variant"] if data["results"] else None  # every variant runs the same tests
+    for result in data["results"]:
+        if result["variant"] == counted:
+            cases[result["clause"]][result["test_id"].split("[")[0]] += 1
+    titles = data.get("clauses") or {}
+    rows = [
+        [clause, _cell(titles.get(clause, "")), "<br>".join(f"{_code(test)} ({n})" for test, n in sorted(tests.items()))]
+        for clause, tests in sorted(cases.items(), key=lambda kv: int(kv[0][1:]))
+    ]
+    return _setup_line(data["setup"], "conformance.json") + "\n\n" + _table(
+        ["Clause", "Title", "Tests (cases per design variant)"], rows)
+
+
 # --------------------------------------------------------------------------------------------------- benchmarks
 
 SCENARIOS = {
@@ -807,6 +826,7 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
 
 BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "designs": block_designs,
+    "clause-tests": block_clause_tests,
     "standing": block_standing,
     "matrix": block_matrix,
     "expected-failures": block_expected_failures,

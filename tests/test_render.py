@@ -257,3 +257,12 @@ def test_a_miss_never_reads_like_the_threshold(rfc):
     run(rfc)
     text = (rfc / "generated" / "benchmarks.md").read_text()
     assert "`beta`: 0.9489 **missed**" in text
+
+
+def test_clause_tests_block_lists_each_clauses_test_functions_once(rfc):
+    (rfc / "spec.md").write_text("<!-- BEGIN GENERATED: clause-tests -->\n<!-- END GENERATED: clause-tests -->\n")
+    assert run(rfc).returncode == 0
+    spec = (rfc / "spec.md").read_text()
+    # every variant runs the same tests: each function is listed once per clause, with its case count
+    assert "| C2 | Items | `test_c2.py::test_0` (1)<br>`test_c2.py::test_1` (1) |" in spec
+    assert spec.count("test_c3.py::test_0") == 1
