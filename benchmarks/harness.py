@@ -598,6 +598,35 @@ def efficiency(t_serial: float, t: float, t_ideal: float) -> float:
     return (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
 
 
+@dataclass(frozen=True)
+class Overlap:
+    """A design's time per batch against the serial, load-only and step-only baselines of the same point (ms)."""
+
+    t: float
+    t_serial: float
+    l: float
+    c: float
+    efficiency: float
+    efficiency_best_rounds: float  # from every entry's fastest round: noise only adds time, so the assertions use it
+
+    @property
+    def t_ideal(self) -> float:
+        return max(self.l, self.c)
+
+
+def overlap(data: Any, measurement: Any) -> Overlap:
+    """``measurement`` of one design against the baselines measured in the same interleaved rounds (``data``)."""
+    serial, load, step = (data.measurement(f"baseline:{b}") for b in ("regular", "load-only", "step-only"))
+    return Overlap(
+        t=measurement.median_ms,
+        t_serial=serial.median_ms,
+        l=load.median_ms,
+        c=step.median_ms,
+        efficiency=efficiency(serial.median_ms, measurement.median_ms, max(load.median_ms, step.median_ms)),
+        efficiency_best_rounds=efficiency(serial.min_ms, measurement.min_ms, max(load.min_ms, step.min_ms)),
+    )
+
+
 def rounded(value: float | None, digits: int = 4) -> float | None:
     """For the JSON: rounded, and None for a missing or NaN figure (strict JSON has no NaN)."""
     if value is None or math.isnan(float(value)):

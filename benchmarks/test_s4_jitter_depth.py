@@ -123,21 +123,13 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str, depth: int 
         bench.store.record("S4", row)
         return
 
-    t = measurement.median_ms
-    t_serial = data.measurement("baseline:regular").median_ms
-    l_meas = data.measurement("baseline:load-only").median_ms
-    c_meas = data.measurement("baseline:step-only").median_ms
-    t_ideal = max(l_meas, c_meas)
-    efficiency = harness.efficiency(t_serial, t, t_ideal)
-    best = harness.efficiency(data.measurement("baseline:regular").min_ms, measurement.min_ms,
-                              max(data.measurement("baseline:load-only").min_ms,
-                                  data.measurement("baseline:step-only").min_ms))
+    o = harness.overlap(data, measurement)
     design = _design(who, depth)
     row = dict(
         design=design.id, role="design", depth=depth, **common,
-        L_ms=harness.rounded(l_meas), C_ms=harness.rounded(c_meas),
-        t_serial_ms=harness.rounded(t_serial), t_ideal_ms=harness.rounded(t_ideal),
-        efficiency=harness.rounded(efficiency), efficiency_best_rounds=harness.rounded(best),
+        L_ms=harness.rounded(o.l), C_ms=harness.rounded(o.c),
+        t_serial_ms=harness.rounded(o.t_serial), t_ideal_ms=harness.rounded(o.t_ideal),
+        efficiency=harness.rounded(o.efficiency), efficiency_best_rounds=harness.rounded(o.efficiency_best_rounds),
         in_flight_limit=None if depth is None else depth + 1,
     )
     bench.extra_info(benchmark, row)
@@ -149,6 +141,7 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str, depth: int 
         )
         floor = PROMISED_EFFICIENCY_AT_DEPTH.get(depth)
         if floor is not None:
-            assert best >= floor, (
-                f"{design.id}: efficiency {best:.3f} (best rounds; median-based {efficiency:.3f}) < {floor} under jitter"
+            assert o.efficiency_best_rounds >= floor, (
+                f"{design.id}: efficiency {o.efficiency_best_rounds:.3f} (best rounds; median-based {o.efficiency:.3f})"
+                f" < {floor} under jitter"
             )
