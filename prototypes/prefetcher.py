@@ -9,19 +9,19 @@ User code::
             self.log("loss", loss)  # batch_size inferred from the batch the step received
             return loss
 
+        def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
+
     trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                   # depth=2
     trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
     trainer.fit(Model(), train_dataloaders=loader)
-
-        def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
-            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
 
 Options: ``depth`` (default 2) is the most batches produced ahead of the step; ``0`` produces each batch on the
 main thread when it is needed. ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
 with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
 
-One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it also pins them and copies
-them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue; batch progress,
+One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it
+also pins them and copies them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue; batch progress,
 ``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the batches the step
 consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's iterator ends
 (``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call. The regular
