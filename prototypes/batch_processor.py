@@ -78,8 +78,13 @@ from pytorch_lightning.utilities.data import extract_batch_size
 from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 from prototypes.common import (
+    STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
+    ManualOptimizationSeesStopIteration,
     NoProgressGuard,
+    StockProfilerActions,
+    drain,
+    epoch_stopped_early,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
@@ -91,11 +96,6 @@ USED_AFTER_STEP = (
     "dataloader_iter was used after the {step} that received it returned. The loop counts, transfers and"
     " checkpoints batches per step call, so call next(dataloader_iter) only inside the step that received it; to"
     " use a batch in a later step, keep the batch, not the iterator."
-)
-STOP_WITH_BATCHES_LEFT = (
-    "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
-    " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
-    " iterators inside {step}."
 )
 
 
@@ -178,11 +178,13 @@ class StepIterator(Iterator):
         self._dataloader_idx = dataloader_idx
         self._step = step
         self._closed = False
+        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
 
     def __next__(self) -> Item:
         if self._closed:
             raise RuntimeError(USED_AFTER_STEP.format(step=self._step))
         if self._batches.exhausted_for(self._dataloader_idx):
+            self.saw_end = True
             raise StopIteration
         return self._hand_out(self._batches.take())
 
@@ -209,7 +211,7 @@ def _transfer(trainer: pl.Trainer, batch: Any, dataloader_idx: int) -> Any:
     return call._call_strategy_hook(trainer, "batch_to_device", batch, dataloader_idx=dataloader_idx)
 
 
-class IteratorTrainingEpochLoop(_TrainingEpochLoop):
+class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
     """Lightning's training epoch loop, processing batches itself when ``training_step`` pulls them.
 
     Progress, limits, ``max_steps``, validation intervals, checkpoints and the progress bar count batches;
@@ -233,6 +235,9 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         self._module_with_supplied_log: pl.LightningModule | None = None
         self._no_progress = NoProgressGuard()
         self._stateful_loaders = False
+        self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
+        self._step_saw_end = False  # the last step call raised StopIteration or called next() past the last batch
+        self._draining = False
 
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
@@ -369,11 +374,37 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
             self.batch_progress.increment_completed()
         trainer._logger_connector.update_train_step_metrics()
 
+        # Why here, before the epoch-end validation of `on_advance_end`: batches a pipelining step still holds
+        # belong to this epoch's training (C17)
+        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(trainer)
+        if every_rank_has_a_batch(trainer, data_ended and not self._step_saw_end):
+            self._drain_held_batches()
+
+    def _drain_held_batches(self) -> None:
+        consumed, self._draining = self._last_step_consumed, True
+        try:
+            drain(self.trainer, self._drain_call)
+        finally:
+            # the validation interval and a checkpoint look at the batches of the call that took the last one
+            self._last_step_consumed, self._draining = consumed, False
+
+    def _drain_call(self) -> bool:
+        """One drain call: no batch, so no batch hooks; logging and optimisation as for any step call."""
+        trainer = self.trainer
+        self._step_batches = []
+        trainer._logger_connector.on_batch_start(None)
+        self._run_step()
+        trainer._logger_connector.on_batch_end()
+        self.update_lr_schedulers("step", update_plateau_schedulers=False)
+        trainer._logger_connector.update_train_step_metrics()
+        return self._step_saw_end
+
     def _run_step(self) -> Any:
         """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
         assert self._batches is not None
         trainer = self.trainer
         self._step_calls += 1
+        self._step_saw_end = False
         consumed_before = self.batch_progress.current.ready
         dataloader_iter = StepIterator(self._batches, self._hand_out)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
@@ -384,14 +415,16 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
             if not self._batches.exhausted:
-                raise RuntimeError(STOP_WITH_BATCHES_LEFT.format(step="training_step")) from None
+                raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step="training_step")) from None
             # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
             # window still get their step, as Lightning steps on an epoch's final batch
+            self._step_saw_end = True
             if self._window_open:
                 self._step_optimizer()
             return None
         finally:
             dataloader_iter.close()
+            self._step_saw_end = self._step_saw_end or dataloader_iter.saw_end
             self._last_step_consumed = self.batch_progress.current.ready - consumed_before
 
     def _run_automatic(self, kwargs: OrderedDict) -> dict:
@@ -399,7 +432,13 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         # step. Here the step runs first: only once it returns does the loop know whether it took the epoch's
         # last batch (which closes the accumulation window), and a call cut short by StopIteration must not
         # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
-        closure = self.automatic_optimization._make_closure(kwargs, self.trainer.optimizers[0], self._step_calls - 1)
+        optimizer, batch_idx = self.trainer.optimizers[0], self._step_calls - 1
+        closure = self.automatic_optimization._make_closure(kwargs, optimizer, batch_idx)
+        if self._draining and batch_idx % self.trainer.accumulate_grad_batches:
+            # Why: every drain call is a window of its own (the epoch's last batch closed the previous one), but
+            # Lightning's closure zeroes the gradients only at a multiple of accumulate_grad_batches
+            self.automatic_optimization._on_before_zero_grad(optimizer)
+            self.automatic_optimization._optimizer_zero_grad(batch_idx, optimizer)
         # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
         # Whether this call closes its window is known only after it ran, so every backward syncs: one
         # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
@@ -529,7 +568,7 @@ class _EvaluationStepsPullBatches:
                 output = call._call_strategy_hook(trainer, step, dataloader_iter)
             except StopIteration:
                 if not batches.exhausted_for(dataloader_idx):
-                    raise RuntimeError(STOP_WITH_BATCHES_LEFT.format(step=step)) from None
+                    raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=step)) from None
                 output, cut_short = None, True  # the end of this dataloader's part of the run, not an error
             finally:
                 dataloader_iter.close()
@@ -557,7 +596,7 @@ class _EvaluationStepsPullBatches:
         pass
 
 
-class IteratorEvaluationLoop(_EvaluationStepsPullBatches, _EvaluationLoop):
+class IteratorEvaluationLoop(StockProfilerActions, _EvaluationStepsPullBatches, _EvaluationLoop):
     """Lightning's validation/test loop; runs the steps itself when ``validation_step``/``test_step`` pull batches."""
 
     def run(self) -> list:
@@ -598,7 +637,7 @@ class IteratorEvaluationLoop(_EvaluationStepsPullBatches, _EvaluationLoop):
             raise SIGTERMException
 
 
-class IteratorPredictionLoop(_EvaluationStepsPullBatches, _PredictionLoop):
+class IteratorPredictionLoop(StockProfilerActions, _EvaluationStepsPullBatches, _PredictionLoop):
     """Lightning's prediction loop; runs the steps itself when ``predict_step`` pulls batches."""
 
     def run(self) -> Any:

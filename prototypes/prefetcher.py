@@ -34,6 +34,7 @@ import functools
 import inspect
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -46,16 +47,21 @@ from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
-from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
+from lightning_fabric.utilities.data import sized_len
 
 from prototypes.common import (
+    STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
+    ManualOptimizationSeesStopIteration,
     NoProgressGuard,
+    StockProfilerActions,
+    drain,
+    epoch_stopped_early,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
@@ -139,13 +145,6 @@ class Prefetcher:
 
 
 # ------------------------------------------------------------------------------------------------ the fetcher
-_FOREIGN_STOP_ITERATION = (
-    "{step} raised StopIteration while dataloader_iter still has batches, so it did not come from"
-    " dataloader_iter; ending the epoch here would silently skip the remaining batches. Catch StopIteration from"
-    " other iterators inside the step."
-)
-
-
 class _Produced(NamedTuple):
     batch: Any
     batch_idx: int
@@ -169,6 +168,7 @@ class _StepIterator(Iterator):
         self._fetcher = fetcher
         self.dataloader_idx = dataloader_idx
         self._open = True
+        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
 
     def __next__(self) -> tuple[Any, int, int]:
         if not self._open:
@@ -176,7 +176,11 @@ class _StepIterator(Iterator):
                 f"`dataloader_iter` was used after the {self._fetcher.hook_name} it was passed to returned. Call"
                 " `next()` only inside that step; a later step receives its own `dataloader_iter`."
             )
-        return self._fetcher.consume(self.dataloader_idx)
+        try:
+            return self._fetcher.consume(self.dataloader_idx)
+        except StopIteration:
+            self.saw_end = True
+            raise
 
     @property
     def done(self) -> bool:
@@ -207,6 +211,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
         self.consumed_in_step = 0
         self.cut_short = False  # the current step call ended in the StopIteration of its dataloader's end
+        self.step_saw_end = False  # the last step call was cut short or called next() past the last batch
+        self.draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
         self.no_progress = NoProgressGuard(self.hook_name)
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
@@ -255,13 +261,17 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             raise StopIteration
         if self.step_calls:
             self.no_progress.step_returned(self.consumed_in_step)  # of the previous call
-        self.close_step()
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
+        return self.start_step_call()
+
+    def start_step_call(self) -> _StepIterator:
+        """A new step call's iterator; called directly for a drain call, which finds no batch left."""
+        self.close_step()
         self.step_calls += 1
         self.consumed_in_step = 0
         self.cut_short = False
         self.step_batches = []
-        self._step_iterator = _StepIterator(self, head.dataloader_idx)
+        self._step_iterator = _StepIterator(self, self._dataloader_idx)
         return self._step_iterator
 
     def done_for(self, dataloader_idx: int) -> bool:
@@ -286,12 +296,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def step_stopped(self) -> None:
         """The step call raised StopIteration: at its dataloader's end that ends the call; elsewhere it is an error."""
         if self._step_iterator is not None and not self._step_iterator.done:
-            raise RuntimeError(_FOREIGN_STOP_ITERATION.format(step=self.hook_name)) from None
+            raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=self.hook_name)) from None
         self.cut_short = True
 
     def close_step(self) -> None:
         if self._step_iterator is not None:
             self._step_iterator.close()
+            self.step_saw_end = self.cut_short or self._step_iterator.saw_end
             self._step_iterator = None
 
     def step_batch_size(self) -> int:
@@ -326,7 +337,10 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def _take(self) -> _Produced | None:
         if self.prefetcher is None:
             raise RuntimeError("the epoch's prefetching has stopped; no more batches are handed out in this epoch")
-        self._start_profiler()
+        # Why not profile a take known to find the end: the `*_next` action records one fetch per batch (C1)
+        profiled = self.length is None or self.fetched < self.length
+        if profiled:
+            self._start_profiler()
         try:
             produced = self.prefetcher.get()
         except _LoaderExhausted as end:
@@ -335,7 +349,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 self.loader_states = end.loader_states
             return None
         finally:
-            self._stop_profiler()
+            if profiled:
+                self._stop_profiler()
         if produced.ready is not None:
             # Why (sync point): the compute stream must not read the batch before the side stream's copies finish,
             # and the allocator must not hand these buffers back to the side stream while the step still uses them.
@@ -349,20 +364,23 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def _produce(self) -> _Produced:
         """Load one batch and (optionally) transfer it; runs on the prefetch thread unless depth is 0."""
+        if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
+            self._produced = self._resumed_at = self.fetched
+        if self.length is not None and self._produced >= self.length and self._limited():
+            # Why not read on: the combined loader does not stop at a `limit_*_batches`, and a limit must bound
+            # what is read (a streaming source consumes what is read), not only what is trained
+            raise _LoaderExhausted(None)
         try:
+            # Past Lightning's length of an unlimited loader this finds its end: a loader that ended yields the state
+            # that makes a resumed run start the next epoch rather than an empty rest of this one.
             batch, loader_batch_idx, dataloader_idx = next(self.iterator)
         except StopIteration:
             raise _LoaderExhausted(self._loader_states()) from None
-        if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
-            self._produced = self._resumed_at = self.fetched
         self._produced += 1
         # Why add: the combined loader counts from 0 again after a resume (and for each evaluation dataloader)
         batch_idx = self._resumed_at + loader_batch_idx
         if self.length is not None and self._produced > self.length:
-            # Why ask the loader once past Lightning's length (limit_train_batches included; the combined loader
-            # does not stop at a limit): a loader that ended yields the state that makes a resumed run start the
-            # next epoch rather than an empty rest of this one. A batch beyond a limit is dropped.
-            raise _LoaderExhausted(None)
+            raise _LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
         loader_states = self._loader_states()  # snapshot on the thread that drives the loader: consistent
         ready = None
         if self.transfer_ahead and self.copy_stream is not None:
@@ -392,6 +410,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             batch = apply_to_collection(batch, torch.Tensor, _pinned)
         batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
         return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+    def _limited(self) -> bool:
+        """Whether a ``limit_*_batches`` cuts any loader short of its length."""
+        loader = self._combined_loader
+        limits = loader.limits or []
+        return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits))
 
     def _loader_states(self) -> list[dict] | None:
         loader = self._combined_loader
@@ -498,7 +522,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             return super()._make_zero_grad_fn(batch_idx, optimizer)
         # Why: Lightning zeroes when batch_idx % accumulate_grad_batches == 0; a step call here may consume any
         # number of batches, so the window starts at every accumulate_grad_batches-th step call.
-        if (fetcher.step_calls - 1) % self.trainer.accumulate_grad_batches != 0:
+        # A drain call is a window of its own: the epoch's last batch closed the previous one.
+        if (fetcher.step_calls - 1) % self.trainer.accumulate_grad_batches != 0 and not fetcher.draining:
             return None
 
         def zero_grad_fn() -> None:
@@ -508,16 +533,21 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         return zero_grad_fn
 
 
-class _StepCallManualOptimization(_ManualOptimization):
+class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
     def run(self, kwargs: Any) -> Any:
+        fetcher = self.trainer.fit_loop._data_fetcher
+        if not isinstance(fetcher, _PrefetchingIterFetcher):
+            return super().run(kwargs)
         try:
             return super().run(kwargs)
+        except StopIteration:
+            fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
+            return {}
         finally:
-            if isinstance(fetcher := self.trainer.fit_loop._data_fetcher, _PrefetchingIterFetcher):
-                fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
 
 
-class _PrefetchingEpochLoop(_TrainingEpochLoop):
+class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
     """Lightning's training epoch loop; with the prefetching fetcher, accumulation and validation intervals follow
     step calls and consumed batches instead of one batch per step call."""
 
@@ -534,6 +564,39 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
         self.automatic_optimization.window_loss = None  # the new epoch's first step call zeroes the gradients
+
+    def advance(self, data_fetcher: _DataFetcher) -> None:
+        super().advance(data_fetcher)
+        fetcher = self._prefetching(data_fetcher)
+        if fetcher is None:
+            return
+        # Why here, before the epoch-end validation of `on_advance_end`: batches a pipelining step still holds
+        # belong to this epoch's training (C17)
+        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
+        if every_rank_has_a_batch(self.trainer, data_ended and not fetcher.step_saw_end):
+            self._drain_held_batches(fetcher)
+
+    def _drain_held_batches(self, fetcher: _PrefetchingIterFetcher) -> None:
+        fetcher.draining = True
+        try:
+            drain(self.trainer, functools.partial(self._drain_call, fetcher))
+        finally:
+            fetcher.draining = False
+
+    def _drain_call(self, fetcher: _PrefetchingIterFetcher) -> bool:
+        """One drain call: no batch, so no batch hooks; logging and optimisation as for any step call."""
+        trainer = self.trainer
+        kwargs = OrderedDict(any=fetcher.start_step_call())
+        trainer._logger_connector.on_batch_start(None)
+        with trainer.profiler.profile("run_training_batch"):
+            if trainer.lightning_module.automatic_optimization:
+                self.automatic_optimization.run(trainer.optimizers[0], fetcher._batch_idx, kwargs)
+            else:
+                self.manual_optimization.run(kwargs)
+        trainer._logger_connector.on_batch_end()
+        self.update_lr_schedulers("step", update_plateau_schedulers=False)
+        trainer._logger_connector.update_train_step_metrics()
+        return fetcher.step_saw_end
 
     def update_restart_stage(self) -> None:
         super().update_restart_stage()
@@ -650,13 +713,13 @@ def _step_call(step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwa
         fetcher.close_step()
 
 
-class _PrefetchingEvaluationLoop(_PrefetchingEvaluationSteps, _EvaluationLoop):
+class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSteps, _EvaluationLoop):
     @property
     def step_name(self) -> str:
         return "test_step" if self.trainer.testing else "validation_step"
 
 
-class _PrefetchingPredictionLoop(_PrefetchingEvaluationSteps, _PredictionLoop):
+class _PrefetchingPredictionLoop(StockProfilerActions, _PrefetchingEvaluationSteps, _PredictionLoop):
     step_name = "predict_step"
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:

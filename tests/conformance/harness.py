@@ -195,6 +195,7 @@ class Record:
     placements: list[tuple[torch.device, torch.dtype]] = field(default_factory=list)
     epoch_ends: list[dict] = field(default_factory=list)
     validations: list[tuple[int, int]] = field(default_factory=list)
+    drain_calls: int = 0  # step calls entered with `done` True: after the epoch's last batch (C17)
 
     @property
     def received(self) -> list[tuple[int, ...]]:
@@ -347,6 +348,13 @@ class IterStepModule(RecordingModule):
         self.pattern = tuple(pattern)
 
     def training_step(self, dataloader_iter):
+        if dataloader_iter.done and self.step_calls:
+            # A drain call (C17): the epoch's last batch was handed out before this call. This step holds no batch,
+            # so it ends the draining the way a simple step does, at its first next().
+            self.record.drain_calls += 1
+            self.record.events.append(("drain_call",))
+            next(dataloader_iter)
+            raise AssertionError(f"next() on an exhausted dataloader_iter returned instead of raising StopIteration")
         call = self.step_calls
         self.step_calls += 1
         self.record.events.append(("training_step", call))

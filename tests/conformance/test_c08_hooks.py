@@ -22,7 +22,9 @@ def test_batch_hooks_once_per_step_call_in_order(design, kind, pattern):
     expected = ["on_train_epoch_start"]
     for group in split_by_pattern(range(8), pattern):
         expected += ["on_train_batch_start", "training_step", *["next"] * len(group), "on_train_batch_end"]
-    assert module.record.hook_names() == expected + ["on_train_epoch_end"]
+    # a drain call (C17) receives no batch, so no batch hooks run around it
+    observed = [name for name in module.record.hook_names() if name != "drain_call"]
+    assert observed == expected + ["on_train_epoch_end"]
 
 
 def _per_step(module, hook):
