@@ -81,3 +81,30 @@ def test_regular_flavour_validation_interval_as_stock(design):
 
 def test_regular_flavour_manual_optimisation_as_stock(design):
     _assert_same_as_stock(design, lambda: RegularStepModule(automatic=False), dict(kind="sized"))
+
+
+def _fetch_records(trainer_fn, module, **loaders) -> dict[str, int]:
+    """How often each profiled fetch action (``[<loop>].<stage>_next``) was recorded by a SimpleProfiler."""
+    from pytorch_lightning.profilers import SimpleProfiler
+
+    profiler = SimpleProfiler()
+    trainer_fn(profiler)(module, **loaders)
+    return {action: len(times) for action, times in profiler.recorded_durations.items() if action.endswith("_next")}
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("flavour", [RegularStepModule, IterStepModule], ids=["regular", "dataloader_iter"])
+def test_profiler_records_fetches_under_stock_action_names(design, flavour, kind):
+    # Profiler reports are read by users and parsed by scripts: the fetch actions keep stock Lightning's names, with
+    # one record per batch handed out (an unsized loader may add the fetch that found its end, as stock does).
+    def fit(design_or_stock):
+        return lambda profiler: design_or_stock(profiler=profiler).fit
+
+    loaders = dict(train_dataloaders=make_loader(kind, n_items=8))
+    ours = _fetch_records(fit(lambda **kw: make_trainer(design, **kw)), flavour(), **loaders)
+    stock = _fetch_records(fit(stock_trainer), flavour(), **dict(train_dataloaders=make_loader(kind, n_items=8)))
+    assert set(ours) == set(stock), f"profiled fetch actions {sorted(ours)}, stock Lightning records {sorted(stock)}"
+    handed_out = 4
+    assert all(handed_out <= count <= handed_out + (kind == "unsized") for count in ours.values()), (
+        f"{ours}: expected one record per batch handed out ({handed_out})"
+    )

@@ -2,9 +2,14 @@
 
 import pytest
 
+from torch.utils.data import DataLoader
+
 from tests.conformance.harness import (
+    BATCH_SIZE,
     KINDS,
     IterStepModule,
+    SizedItems,
+    UnsizedItems,
     assert_same_batches,
     loader_sequence,
     make_loader,
@@ -80,3 +85,43 @@ def test_check_val_every_n_epoch_validates_at_epoch_end(design, kind):
     trainer = make_trainer(design, check_val_every_n_epoch=2, limit_val_batches=1, max_epochs=4)
     trainer.fit(module, make_loader(kind, n_items=16), make_loader("sized", n_items=2))
     assert module.record.validations == [(1, 8), (3, 8)]
+
+
+class _ReadLog:
+    """Records every item index a dataset is asked for, sized (``__getitem__``) or unsized (``__iter__``)."""
+
+    def __init__(self) -> None:
+        self.read: list[int] = []
+
+
+class _LoggedSized(SizedItems):
+    def __init__(self, n: int, log: _ReadLog) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def __getitem__(self, i: int):
+        self.log.read.append(i)
+        return super().__getitem__(i)
+
+
+class _LoggedUnsized(UnsizedItems):
+    def __init__(self, n: int, log: _ReadLog) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def __iter__(self):
+        for entry in super().__iter__():
+            self.log.read.append(entry[0])
+            yield entry
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("limit", [1, 2, 5])
+def test_limit_bounds_what_is_read_not_only_what_is_trained(design, kind, limit):
+    # A streaming source consumes what is read: an item past the limit must not even be asked for (no workers
+    # here: a DataLoader's own worker prefetching reads ahead whatever the design does).
+    log = _ReadLog()
+    dataset = {"sized": _LoggedSized, "unsized": _LoggedUnsized}[kind](14, log)
+    make_trainer(design, limit_train_batches=limit).fit(IterStepModule((1,)), DataLoader(dataset, batch_size=BATCH_SIZE))
+    past = sorted({i for i in log.read if i >= limit * BATCH_SIZE})
+    assert not past, f"limit_train_batches={limit} ({limit * BATCH_SIZE} items), yet items {past} were read"
