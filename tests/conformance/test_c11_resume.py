@@ -14,7 +14,19 @@ from hypothesis import given, strategies as st
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from tests.conformance.harness import BATCH_SIZE, Crash, CrashingModule, SizedItems, make_trainer, split_by_pattern
+import torch
+
+from tests.conformance.harness import (
+    BATCH_SIZE,
+    AsyncHandleModule,
+    Crash,
+    CrashingModule,
+    Handle,
+    SizedItems,
+    make_trainer,
+    reference_weights,
+    split_by_pattern,
+)
 
 pytestmark = pytest.mark.clause("C11")
 
@@ -98,4 +110,56 @@ def test_resume_with_a_loader_that_cannot_resume_warns(design, tmp_path):
         crash_and_resume(
             design, tmp_path, pattern=(2,), interval=2, crash_at=3, n_items=20,
             loader=lambda: DataLoader(SizedItems(20), batch_size=BATCH_SIZE),
+        )
+
+
+class HoldsAcrossCheckpoints(AsyncHandleModule):
+    """The async-handle step (C17), crashing at step call ``crash_at``; with ``saves_held`` it saves the batch it holds
+    in the checkpoint and restores it on resume (the module's own ``on_save_checkpoint`` / ``on_load_checkpoint``)."""
+
+    def __init__(self, crash_at: int | None = None, saves_held: bool = True) -> None:
+        super().__init__()
+        self.crash_at, self.saves_held, self.calls = crash_at, saves_held, 0
+
+    def training_step(self, dataloader_iter):
+        if self.calls == self.crash_at:
+            raise Crash(f"crash at step call {self.crash_at}")
+        self.calls += 1
+        return super().training_step(dataloader_iter)
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        if self.saves_held and self.handle is not None:
+            checkpoint["held_batch"] = self.handle.wait()
+
+    def on_load_checkpoint(self, checkpoint) -> None:
+        if "held_batch" in checkpoint:
+            self.handle = Handle(checkpoint["held_batch"])
+
+
+@pytest.mark.parametrize("saves_held", [True, False], ids=["module-saves-held-batch", "module-saves-nothing"])
+def test_resume_while_the_step_holds_a_batch(design, tmp_path, saves_held):
+    # 10 batches, one trained per step call; checkpoints after optimizer steps 2 and 4. The checkpoint at step 4 is
+    # written at the end of step call 3, which consumed batch 4 and holds it: the loader resumes at batch 5.
+    n_items, checkpoints = 20, tmp_path / "checkpoints"
+
+    def trainer():
+        every = ModelCheckpoint(dirpath=checkpoints, every_n_train_steps=2, save_last=True, save_top_k=-1)
+        return make_trainer(design, enable_checkpointing=True, callbacks=[every])
+
+    with pytest.raises(Crash):
+        trainer().fit(HoldsAcrossCheckpoints(crash_at=5, saves_held=saves_held), stateful_loader(n_items))
+    resumed = HoldsAcrossCheckpoints(saves_held=saves_held)
+    trainer().fit(resumed, stateful_loader(n_items), ckpt_path=str(checkpoints / "last.ckpt"))
+
+    batches = [tuple(range(i, i + BATCH_SIZE)) for i in range(0, n_items, BATCH_SIZE)]
+    trained_after_resume = [batch for epoch in resumed.trained for batch in epoch]
+    if saves_held:  # exactly once: the checkpoint's weights hold batches 0-3, the resumed run trains 4-9
+        assert trained_after_resume == batches[4:]
+        expected = reference_weights(resumed, [[b] for b in batches], complete=[True] * len(batches))
+        for name, value in resumed.layer.state_dict().items():
+            torch.testing.assert_close(value, expected[name])
+    else:  # the stated outcome: the loader resumes after the consumed batches, so the held batch 4 is lost
+        assert trained_after_resume == batches[5:], (
+            f"resumed run trained {trained_after_resume}: the specification says a held batch the module does not"
+            " save is lost (and nothing else is)"
         )

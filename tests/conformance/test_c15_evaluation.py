@@ -34,6 +34,7 @@ import torch
 from tests.conformance.harness import (
     KINDS,
     IterStepModule,
+    _ids_or_none,
     assert_same_batches,
     ids,
     loader_sequence,
@@ -57,6 +58,7 @@ class EvalRun:
     sanity: bool
     steps: list[list[tuple]] = field(default_factory=list)  # per step call: (ids, batch_idx, dataloader_idx)
     done_after_next: list[bool] = field(default_factory=list)
+    hooks: list[tuple] = field(default_factory=list)  # ("start" | "end", ids, batch_idx) per batch hook call
     completed: int | None = None  # the running loop's batch_progress.current.completed at the epoch end
 
     @property
@@ -130,6 +132,28 @@ class EvalIterModule(IterStepModule):
 
     def on_predict_epoch_end(self) -> None:
         self._end("predict")
+
+    def _hook(self, which: str, batch, batch_idx) -> None:
+        if self.runs:
+            self.runs[-1].hooks.append((which, _ids_or_none(batch), batch_idx))
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self._hook("start", batch, batch_idx)
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self._hook("end", batch, batch_idx)
+
+    def on_test_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self._hook("start", batch, batch_idx)
+
+    def on_test_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self._hook("end", batch, batch_idx)
+
+    def on_predict_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self._hook("start", batch, batch_idx)
+
+    def on_predict_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
+        self._hook("end", batch, batch_idx)
 
 
 def run_stage(design, stage: str, module: EvalIterModule, loaders, **trainer_kwargs) -> list[EvalRun]:
@@ -290,3 +314,16 @@ def test_multiple_dataloaders_progress_counts_batches(design, stage):
             f"{stage} run {number}: batch_progress.current.completed is {run.completed} after 12 batches in"
             f" {len(run.steps)} step calls"
         )
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("pattern", [(1,), (2,)], ids=str)
+def test_batch_hooks_get_the_first_and_last_batch_of_their_step_call(design, stage, pattern):
+    # As C8 for training: the start hook sees the batch the call receives first, the end hook the last it received.
+    runs = _only_runs(run_stage(design, stage, EvalIterModule(pattern), make_loader("sized", n_items=16)), stage)
+    for number, run in enumerate(runs):
+        expected = [
+            hook for step in run.steps if step
+            for hook in (("start", step[0][0], step[0][1]), ("end", step[-1][0], step[-1][1]))
+        ]
+        assert run.hooks == expected, f"{stage} run {number}: batch hooks {run.hooks}, expected {expected}"
