@@ -12,6 +12,7 @@ import pytest
 import pytorch_lightning as pl
 
 from prototypes import IMPLEMENTATIONS
+from prototypes.batch_processor import IteratorTrainingEpochLoop
 from prototypes.common import Design
 from tests.conformance import plugin
 
@@ -64,6 +65,42 @@ def test_broken_toy_design_fails_the_clauses_it_breaks(pytester, toy_design, tmp
     for result in json.loads(results.read_text())["results"]:
         by_clause.setdefault(result["clause"], set()).add(result["outcome"])
     assert by_clause == {"C1": {"passed"}, "C3": {"failed"}}, by_clause
+
+
+class _NeverDrains(IteratorTrainingEpochLoop):
+    def _drain_held_batches(self) -> None:
+        pass  # the defect: the epoch ends while a pipelining step still holds a batch
+
+
+def _never_draining_trainer(trainer_kwargs) -> pl.Trainer:
+    trainer = IMPLEMENTATIONS["batch_processor"].trainer(**trainer_kwargs)
+    trainer.fit_loop.epoch_loop.__class__ = _NeverDrains
+    return trainer
+
+
+@pytest.fixture
+def never_draining_design():
+    design = Design(
+        name="toy_never_drains",
+        summary="batch_processor without drain calls (a deliberately broken toy)",
+        make_trainer=_never_draining_trainer,
+    )
+    IMPLEMENTATIONS[design.name] = design
+    yield design
+    del IMPLEMENTATIONS[design.name]
+
+
+@pytest.mark.timeout(300)
+def test_design_that_never_drains_fails_c17_only(pytester, never_draining_design, tmp_path):
+    results = tmp_path / "results.json"
+    outcome = run_suite(
+        pytester, "--impl", never_draining_design.name, "--results", str(results),
+        "-k", "(test_pipelining_step and sized-w0) or test_simple_step_needs_no_guard or test_fixed_patterns",
+    )
+    assert outcome.ret == pytest.ExitCode.TESTS_FAILED
+    failed = {(r["clause"], r["test_id"].split("[")[0].split("::")[1])
+              for r in json.loads(results.read_text())["results"] if r["outcome"] == "failed"}
+    assert failed == {("C17", "test_pipelining_step_trains_every_batch_once_per_epoch")}, failed
 
 
 def test_unknown_design_is_an_error_listing_the_valid_names(pytester):
