@@ -33,6 +33,8 @@ overridden method defers to Lightning's own loop. Otherwise the loop keeps the r
   after the step does the loop know whether it took the epoch's last batch; accumulation counts step calls;
 - validation runs at the first step boundary at which the consumed batches reach a multiple of
   ``val_check_batch``;
+- after the step call that took the epoch's last batch, drain calls (``done`` True on entry) let a pipelining step
+  train the batches it holds, until it raises ``StopIteration`` or calls ``next()`` past the end (clause C17);
 - a ``StopIteration`` from ``next()`` inside a step ends the epoch (in evaluation: that dataloader's part of the
   run) like running out between steps does;
 - a checkpoint records the loaders' state as of the batches handed out, not the one held back, and resuming

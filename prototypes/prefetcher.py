@@ -25,7 +25,8 @@ also pins them and copies them on a side stream created once per fit. The step's
 ``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the batches the step
 consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's iterator ends
 (``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call. The regular
-flavour keeps Lightning's own fetcher.
+flavour keeps Lightning's own fetcher. After the step call that took the epoch's last batch, drain calls (``done``
+True on entry) let a pipelining step train the batches it holds (clause C17).
 """
 
 from __future__ import annotations

@@ -351,14 +351,6 @@ def test_fetching_runs_one_batch_ahead_and_transfer_none():
     assert dataset.fetched == list(range(16)), "every item fetched exactly once"
 
 
-def test_fetches_are_profiled_once_per_batch():
-    module = IterStepModule((2,))
-    fitted = trainer(profiler="simple")
-    fitted.fit(module, make_loader("sized", n_items=16))
-    durations = fitted.profiler.recorded_durations["[IteratorTrainingEpochLoop].train_dataloader_next"]
-    assert len(durations) == 8
-
-
 class Keeper(IterStepModule):
     """Keeps the first step's iterator and calls ``next()`` on it in the second step."""
 

@@ -314,13 +314,13 @@ class CountingItems(SizedItems):
 
 
 @pytest.mark.parametrize("depth", DEPTHS)
-def test_a_limit_stops_the_producer_one_batch_past_it(depth):
+def test_a_limit_stops_the_producer_at_it(depth):
     dataset = CountingItems(40)
     module = IterStepModule((1,))
     quiet_trainer(depth, limit_train_batches=3).fit(module, DataLoader(dataset, batch_size=2))
     assert module.record.received == [(0, 1), (2, 3), (4, 5)]
-    # one batch past the limit tells a limit from the loader's end; a producer blind to the limit reads up to depth
-    assert sorted(dataset.read) == list(range(8))
+    # a producer blind to the limit reads up to depth batches past it; a limit must bound what is read (C7)
+    assert sorted(dataset.read) == list(range(6))
 
 
 # ------------------------------------------------------------------------------------------------ threads and hooks
