@@ -79,14 +79,17 @@ from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
 
-from prototypes.common import (
-    STOP_ITERATION_WITH_BATCHES_LEFT,
-    Design,
+from prototypes.lightning_changes import (
     ManualOptimizationSeesStopIteration,
-    NoProgressGuard,
     StockProfilerActions,
     drain,
     epoch_stopped_early,
+)
+from prototypes.common import (
+    ITERATOR_USED_AFTER_ITS_STEP,
+    STOP_ITERATION_WITH_BATCHES_LEFT,
+    Design,
+    NoProgressGuard,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
@@ -94,11 +97,6 @@ from prototypes.common import (
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
 
-USED_AFTER_STEP = (
-    "dataloader_iter was used after the {step} that received it returned. The loop counts, transfers and"
-    " checkpoints batches per step call, so call next(dataloader_iter) only inside the step that received it; to"
-    " use a batch in a later step, keep the batch, not the iterator."
-)
 
 
 class LookAhead:
@@ -184,7 +182,7 @@ class StepIterator(Iterator):
 
     def __next__(self) -> Item:
         if self._closed:
-            raise RuntimeError(USED_AFTER_STEP.format(step=self._step))
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
         if self._batches.exhausted_for(self._dataloader_idx):
             self.saw_end = True
             raise StopIteration

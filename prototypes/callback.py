@@ -73,6 +73,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from prototypes.common import (
     DATALOADER_ITER,
+    ITERATOR_USED_AFTER_ITS_STEP,
+    STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
     NoProgressGuard,
     every_rank_has_a_batch,
@@ -230,10 +232,7 @@ class StepIterator(Iterator[Item]):
 
     def _open_feed(self) -> BatchFeed:
         if self._feed is None:
-            raise RuntimeError(
-                f"dataloader_iter was used after the {self._hook_name} it was passed to returned. Each step gets its "
-                "own iterator; fetch every batch the step needs inside the step (keep batches, not the iterator)."
-            )
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._hook_name))
         return self._feed
 
 
@@ -358,11 +357,7 @@ class DataloaderIterCallback(Callback):
                 output = user_step(step_iter)
             except StopIteration as stop:
                 if feed.has_next():
-                    raise RuntimeError(
-                        f"{name} raised StopIteration while batches remain; Lightning would end the epoch silently. "
-                        "Let StopIteration come only from next(dataloader_iter), or check dataloader_iter.done "
-                        "before calling next()."
-                    ) from stop
+                    raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=name)) from stop
                 if not training and feed.enter_step():
                     return None  # the end of this dataloader: the next step call serves the next one
                 agree_on_next(False)  # out of data inside the step: keep the ranks' votes in step

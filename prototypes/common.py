@@ -6,14 +6,11 @@ Designs import this module and nothing else from ``prototypes``; they never impo
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.loops.optimization.manual import _ManualOptimization
-from pytorch_lightning.loops.utilities import _is_max_limit_reached
 
 DATALOADER_ITER = "dataloader_iter"
 
@@ -133,85 +130,14 @@ class NoProgressGuard:
             )
 
 
+# The misuse messages of clause C14, shared by every design so that one wording names each fix.
+ITERATOR_USED_AFTER_ITS_STEP = (
+    "dataloader_iter was used after the {step} that received it returned. Each step call gets its own iterator:"
+    " call next(dataloader_iter) only inside the step that received it (the loop counts, transfers and checkpoints"
+    " batches per step call); to use a batch in a later step, keep the batch, not the iterator."
+)
 STOP_ITERATION_WITH_BATCHES_LEFT = (
     "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
     " iterators inside {step}."
 )
-
-
-class _StepRaisedStopIteration(Exception):
-    """Carries a step's StopIteration past Lightning's manual-optimisation loop, which suppresses it."""
-
-
-class ManualOptimizationSeesStopIteration(_ManualOptimization):
-    """Lightning's manual optimisation, except that a ``StopIteration`` raised by the step reaches the caller.
-
-    Why: ``_ManualOptimization.run`` wraps the step in ``suppress(StopIteration)`` (stock Lightning uses the
-    exception only to end the epoch). A loop that tells the end of data from a stray ``StopIteration`` (C14 f) and
-    ends the epoch on the former must see it under manual optimisation as it does under automatic optimisation.
-    """
-
-    def advance(self, kwargs: Any) -> None:
-        try:
-            super().advance(kwargs)
-        except StopIteration as stop:
-            raise _StepRaisedStopIteration from stop
-
-    def run(self, kwargs: Any) -> Any:
-        try:
-            return super().run(kwargs)
-        except _StepRaisedStopIteration as carried:
-            raise carried.__cause__ from None
-
-
-class StockProfilerActions:
-    """Loop subclasses that profile fetches under stock Lightning's action names (C1).
-
-    Why: Lightning names the action after the loop's class (``[_TrainingEpochLoop].train_dataloader_next``);
-    profiler reports are read by users and parsed by scripts, so a design's subclass must not rename them.
-    """
-
-    trainer: pl.Trainer
-
-    def _stock_fetch_action(self) -> str:
-        stock = next(c.__name__ for c in type(self).__mro__ if c.__module__.startswith("pytorch_lightning."))
-        prefix = {"_TrainingEpochLoop": "train_dataloader", "_PredictionLoop": "predict"}.get(stock)
-        return f"[{stock}].{prefix or self._stage.dataloader_prefix}_next"  # type: ignore[attr-defined]
-
-    def _on_before_fetch(self) -> None:
-        self.trainer.profiler.start(self._stock_fetch_action())
-
-    def _on_after_fetch(self) -> None:
-        self.trainer.profiler.stop(self._stock_fetch_action())
-
-
-def epoch_stopped_early(trainer: pl.Trainer) -> bool:
-    """The epoch ends before its data does: ``should_stop`` was set or ``max_steps`` was reached."""
-    epoch_loop = trainer.fit_loop.epoch_loop
-    return trainer.should_stop or _is_max_limit_reached(trainer.global_step, epoch_loop.max_steps)
-
-
-def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
-    """Make drain calls until one ends the epoch (clause C17); returns how many were made.
-
-    Once the epoch's last batch has been handed out, a step that pipelines (it pulled batch i+1 and kept it for the
-    next call) still holds untrained batches. The loop calls the step again with an exhausted ``dataloader_iter``
-    (``done`` True on entry, ``next()`` raising StopIteration without touching the loader). ``drain_call()`` runs one
-    such call and returns whether it ended the draining: the step raised StopIteration or called ``next()`` on the
-    exhausted iterator (it saw the end, as under stock Lightning for an unsized loader). A step that holds nothing
-    ends it at its first ``next()``, so a simple step needs no guard. Under DDP the ranks vote after every call so
-    that all make the same number of drain calls (each may end in a gradient all-reduce).
-    """
-    for calls in itertools.count(1):
-        ended = drain_call()
-        if not every_rank_has_a_batch(trainer, not ended):
-            return calls
-        if calls >= NoProgressGuard.LIMIT:
-            raise RuntimeError(
-                f"`{hook_name}(dataloader_iter)` was called {calls} times after the epoch's last batch without ending"
-                " the epoch. A drain call ends it by raising StopIteration or by calling next(dataloader_iter);"
-                " raise StopIteration once the step holds no batch (check `dataloader_iter.done` instead of calling"
-                " next() while batches are still held)."
-            )
-    raise AssertionError("unreachable")

@@ -55,14 +55,17 @@ from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 from lightning_fabric.utilities.data import sized_len
 
-from prototypes.common import (
-    STOP_ITERATION_WITH_BATCHES_LEFT,
-    Design,
+from prototypes.lightning_changes import (
     ManualOptimizationSeesStopIteration,
-    NoProgressGuard,
     StockProfilerActions,
     drain,
     epoch_stopped_early,
+)
+from prototypes.common import (
+    ITERATOR_USED_AFTER_ITS_STEP,
+    STOP_ITERATION_WITH_BATCHES_LEFT,
+    Design,
+    NoProgressGuard,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
@@ -173,10 +176,7 @@ class _StepIterator(Iterator):
 
     def __next__(self) -> tuple[Any, int, int]:
         if not self._open:
-            raise RuntimeError(
-                f"`dataloader_iter` was used after the {self._fetcher.hook_name} it was passed to returned. Call"
-                " `next()` only inside that step; a later step receives its own `dataloader_iter`."
-            )
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._fetcher.hook_name))
         try:
             return self._fetcher.consume(self.dataloader_idx)
         except StopIteration:

@@ -265,7 +265,7 @@ def test_iterator_used_after_its_step_returned_raises_naming_the_fix():
             self.kept = dataloader_iter
             return super().training_step(dataloader_iter)
 
-    with pytest.raises(RuntimeError, match="used after the training_step it was passed to returned"):
+    with pytest.raises(RuntimeError, match="used after the training_step that received it returned"):
         trainer().fit(KeepsIterator(), make_loader())
 
 
@@ -276,7 +276,7 @@ def test_stray_stop_iteration_is_an_error_not_a_shorter_epoch():
                 raise StopIteration  # not from next(): 6 batches remain
             return super().training_step(dataloader_iter)
 
-    with pytest.raises(RuntimeError, match="raised StopIteration while batches remain"):
+    with pytest.raises(RuntimeError, match="raised StopIteration although dataloader_iter still has batches"):
         trainer().fit(StopsEarly(), make_loader())
 
 

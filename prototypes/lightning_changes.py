@@ -1,0 +1,236 @@
+"""What Lightning has to change for ``training_step(self, dataloader_iter)``, written once.
+
+The two designs that change Lightning's loops (``batch_processor`` and ``prefetcher``) differ in who owns the
+iterator: the training loop's look-ahead, or a fetcher that prefetches. Everything else they change is the same
+change to Lightning 2.6, and lives here. Each piece is tagged with its item in the RFC's list "What Lightning has
+to change" (``rfc/index.md``): ``[RFC n]``. Everything in this module is an override of, or a call into, Lightning's
+private loop API; ``prototypes.common`` holds what needs only the public API.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+from lightning_fabric.utilities.types import _Stateful
+from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.loops.utilities import _is_max_limit_reached
+from pytorch_lightning.trainer.states import RunningStage, TrainerFn
+from pytorch_lightning.utilities.combined_loader import CombinedLoader
+
+from prototypes.common import NoProgressGuard, every_rank_has_a_batch
+
+
+# ----------------------------------------------------------------------- [RFC 1] progress counts batches
+class StockProfilerActions:
+    """Loop subclasses that profile fetches under stock Lightning's action names ([RFC 11])."""
+
+    trainer: pl.Trainer
+
+    def _on_before_fetch(self) -> None:
+        self.trainer.profiler.start(stock_fetch_action(self))
+
+    def _on_after_fetch(self) -> None:
+        self.trainer.profiler.stop(stock_fetch_action(self))
+
+
+class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
+    """Lightning's training epoch loop, changed where it assumes one batch per step call.
+
+    A design says when its machinery is active (``_steps_pull_batches``), how many step calls this epoch made
+    (``_step_calls_this_epoch``) and how many batches the last one consumed (``_consumed_by_last_call``); with the
+    regular flavour every override defers to Lightning.
+    """
+
+    def _steps_pull_batches(self) -> bool:
+        raise NotImplementedError
+
+    def _step_calls_this_epoch(self) -> int:
+        raise NotImplementedError
+
+    def _consumed_by_last_call(self) -> int:
+        raise NotImplementedError
+
+    def _should_check_val_fx(self, data_fetcher: Any) -> bool:
+        if not self._steps_pull_batches():
+            return super()._should_check_val_fx(data_fetcher)
+        # Why None: given a dataloader_iter fetcher, Lightning validates at every epoch end because its counts are
+        # step calls; here the counts are batches, so the regular flavour's rule applies.
+        if super()._should_check_val_fx(None):
+            return True
+        interval = self.trainer.val_check_batch
+        if not self._should_check_val_epoch() or interval in (None, float("inf")):
+            return False
+        # Why: Lightning validates when the batch count is a multiple of the interval; a step consuming several
+        # batches can step over the multiple, so validate at the first step boundary at or past it.
+        progress = self.batch_progress
+        counted = (progress.total if self.trainer.check_val_every_n_epoch is None else progress.current).completed
+        return counted // interval > (counted - self._consumed_by_last_call()) // interval
+
+    # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
+    def _accumulated_batches_reached(self) -> bool:
+        if not self._steps_pull_batches():
+            return super()._accumulated_batches_reached()
+        return self._step_calls_this_epoch() % self.trainer.accumulate_grad_batches == 0
+
+    # ------------------------------------------------------------------- [RFC 6] resume restores the counts
+    def update_restart_stage(self) -> None:
+        super().update_restart_stage()
+        total = self.batch_progress.total
+        mid_step = total.ready == total.started == total.processed > total.completed
+        if self.restarting and self._steps_pull_batches() and mid_step:
+            # Why: Lightning recognises a checkpoint saved in on_train_batch_end by completed == processed - 1 (one
+            # batch per step call); here the call that saved it may have consumed several batches.
+            self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
+
+
+def stock_fetch_action(loop: Any) -> str:
+    """``[_TrainingEpochLoop].train_dataloader_next`` and its kin, whatever the subclass (C1).
+
+    Why: Lightning names the action after the loop's class; profiler reports are read by users and parsed by
+    scripts, so a design's subclass must not rename them.
+    """
+    stock = next(c.__name__ for c in type(loop).__mro__ if c.__module__.startswith("pytorch_lightning."))
+    prefix = {"_TrainingEpochLoop": "train_dataloader", "_PredictionLoop": "predict"}.get(stock)
+    return f"[{stock}].{prefix or loop._stage.dataloader_prefix}_next"
+
+
+# ----------------------------------------------------------------------- [RFC 3] drain a pipelining step
+def epoch_stopped_early(trainer: pl.Trainer) -> bool:
+    """The epoch ends before its data does: ``should_stop`` was set or ``max_steps`` was reached."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    return trainer.should_stop or _is_max_limit_reached(trainer.global_step, epoch_loop.max_steps)
+
+
+def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
+    """Make drain calls until one ends the epoch (clause C17); returns how many were made.
+
+    Once the epoch's last batch has been handed out, a step that pipelines (it pulled batch i+1 and kept it for the
+    next call) still holds untrained batches. The loop calls the step again with an exhausted ``dataloader_iter``
+    (``done`` True on entry, ``next()`` raising StopIteration without touching the loader). ``drain_call()`` runs one
+    such call and returns whether it ended the draining: the step raised StopIteration or called ``next()`` on the
+    exhausted iterator (it saw the end, as under stock Lightning for an unsized loader). A step that holds nothing
+    ends it at its first ``next()``, so a simple step needs no guard. Under DDP the ranks vote after every call so
+    that all make the same number of drain calls (each may end in a gradient all-reduce).
+    """
+    for calls in itertools.count(1):
+        ended = drain_call()
+        if not every_rank_has_a_batch(trainer, not ended):
+            return calls
+        if calls >= NoProgressGuard.LIMIT:
+            raise RuntimeError(
+                f"`{hook_name}(dataloader_iter)` was called {calls} times after the epoch's last batch without ending"
+                " the epoch. A drain call ends it by raising StopIteration or by calling next(dataloader_iter);"
+                " raise StopIteration once the step holds no batch (check `dataloader_iter.done` instead of calling"
+                " next() while batches are still held)."
+            )
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
+def loader_states(combined_loader: CombinedLoader | None) -> list[dict] | None:
+    """The loaders' state now, or None when no loader can be resumed (only stateful loaders are checkpointed)."""
+    if combined_loader is None or not any(isinstance(dl, _Stateful) for dl in combined_loader.flattened):
+        return None
+    return combined_loader._state_dicts()
+
+
+class RecordsConsumedLoaderState(_FitLoop):
+    """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
+
+    def consumed_loader_states(self) -> list[dict] | None:
+        raise NotImplementedError
+
+    def on_save_checkpoint(self) -> dict:
+        state_dict = super().on_save_checkpoint()
+        # Why: the loaders ran ahead of the steps (look-ahead or prefetch); resuming from their live state would
+        # skip the batches read but not handed out
+        consumed = self.consumed_loader_states()
+        if consumed is not None:
+            state_dict["combined_loader"] = consumed
+        return state_dict
+
+
+# ----------------------------------------------------------------------- [RFC 9] self.log's batch size
+def supply_log_batch_size(module: pl.LightningModule, step_batch_size: Callable[[], int | None]) -> Callable[[], None]:
+    """Shadow ``module.log`` so that in training ``batch_size`` defaults to ``step_batch_size()``; returns the undo.
+
+    Why on the instance: ``LightningModule.log`` refuses the flavour without ``batch_size=`` (a guard for stock
+    Lightning, which cannot know it). The loop knows; Lightning proper would drop the guard and infer the size in the
+    loop. When ``step_batch_size()`` is None (no size can be inferred) the guard's own error still asks for it.
+    """
+
+    def log(*args: Any, **kwargs: Any) -> None:
+        bound = _LOG_SIGNATURE.bind(module, *args, **kwargs)
+        if bound.arguments.get("batch_size") is None and module.trainer.training:
+            bound.arguments["batch_size"] = step_batch_size()
+        return pl.LightningModule.log(*bound.args, **bound.kwargs)
+
+    module.log = log
+    return lambda: module.__dict__.pop("log", None)
+
+
+_LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
+
+
+# ----------------------------------------------------------------------- [RFC 10] misuse: a stray StopIteration
+class _StepRaisedStopIteration(Exception):
+    """Carries a step's StopIteration past Lightning's manual-optimisation loop, which suppresses it."""
+
+
+class ManualOptimizationSeesStopIteration(_ManualOptimization):
+    """Lightning's manual optimisation, except that a ``StopIteration`` raised by the step reaches the caller.
+
+    Why: ``_ManualOptimization.run`` wraps the step in ``suppress(StopIteration)`` (stock Lightning uses the
+    exception only to end the epoch). A loop that tells the end of data from a stray ``StopIteration`` (C14 f) and
+    ends the epoch on the former must see it under manual optimisation as under automatic optimisation.
+    """
+
+    def advance(self, kwargs: Any) -> None:
+        try:
+            super().advance(kwargs)
+        except StopIteration as stop:
+            raise _StepRaisedStopIteration from stop
+
+    def run(self, kwargs: Any) -> Any:
+        try:
+            return super().run(kwargs)
+        except _StepRaisedStopIteration as carried:
+            raise carried.__cause__ from None
+
+
+# ----------------------------------------------------------------------- installing a design's loops
+def install_loops(
+    trainer: pl.Trainer,
+    *,
+    fit_loop: type[_FitLoop],
+    epoch_loop: type[_TrainingEpochLoop],
+    evaluation_loop: type,
+    prediction_loop: type,
+    **design_options: Any,
+) -> pl.Trainer:
+    """Replace a stock Trainer's loops with a design's subclasses, keeping the Trainer's settings.
+
+    ``design_options`` reach every loop's constructor (for example the prefetcher's depth).
+    """
+    stock, inference_mode = trainer.fit_loop, trainer.predict_loop.inference_mode
+    fit = fit_loop(trainer, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs, **design_options)
+    fit.epoch_loop = epoch_loop(
+        trainer, min_steps=stock.epoch_loop.min_steps, max_steps=stock.epoch_loop.max_steps, **design_options
+    )
+    fit.epoch_loop.val_loop = evaluation_loop(
+        trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False, **design_options
+    )
+    trainer.fit_loop = fit
+    for attribute, fn, stage in (
+        ("validate_loop", TrainerFn.VALIDATING, RunningStage.VALIDATING),
+        ("test_loop", TrainerFn.TESTING, RunningStage.TESTING),
+    ):
+        setattr(trainer, attribute, evaluation_loop(trainer, fn, stage, inference_mode=inference_mode, **design_options))
+    trainer.predict_loop = prediction_loop(trainer, inference_mode=inference_mode, **design_options)
+    return trainer
