@@ -266,3 +266,16 @@ def test_clause_tests_block_lists_each_clauses_test_functions_once(rfc):
     # every variant runs the same tests: each function is listed once per clause, with its case count
     assert "| C2 | Items | `test_c2.py::test_0` (1)<br>`test_c2.py::test_1` (1) |" in spec
     assert spec.count("test_c3.py::test_0") == 1
+
+
+def test_results_of_the_wrong_shape_are_rejected_once_at_load(rfc):
+    bench = benchmarks()
+    bench["scenarios"]["S2"] = [1.2, 1.7]  # rows must be objects
+    write_results(rfc, conformance(), bench)
+    result = run(rfc)
+    assert result.returncode == 2 and "scenario 'S2' must be a list of row objects" in result.stderr
+    conf = conformance()
+    del conf["results"][0]["test_id"]
+    write_results(rfc, conf, benchmarks())
+    result = run(rfc)
+    assert result.returncode == 2 and "results[0] must be an object with string 'design' and 'test_id'" in result.stderr
