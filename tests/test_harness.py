@@ -80,11 +80,11 @@ def expected_failures_dir(tmp_path, monkeypatch):
 
 def test_expected_failure_matching_no_test_is_an_error(pytester, toy_design, expected_failures_dir):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "test_c02_items.py::test_no_such_test[sized]  # a stale entry\n"
+        "reason: a stale entry\n    test_c02_items.py::test_no_such_test[sized]\n"
     )
     outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_c02", "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:1: test_c02_items.py::test_no_such_test*"])
+    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:2: test_c02_items.py::test_no_such_test*"])
 
 
 def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expected_failures_dir):
@@ -93,15 +93,32 @@ def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expec
     )
     outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines(["*gives no reason*"])
+    outcome.stderr.fnmatch_lines(["*toy_dropping.txt:1: *gives no reason*"])
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("reason: nothing under it\n\nreason: another\n    test_c02_items.py::test_x\n", "*:1: reason 'nothing under it' covers no test id*"),
+        ("reason: twice\n    test_c02_items.py::test_x\n    test_c02_items.py::test_x\n", "*:3: *already listed on line 2*"),
+        ("reason:\n    test_c02_items.py::test_x\n", "*:1: empty reason*"),
+    ],
+    ids=["reason-without-ids", "id-listed-twice", "empty-reason"],
+)
+def test_a_malformed_reason_group_is_an_error(pytester, toy_design, expected_failures_dir, text, error):
+    (expected_failures_dir / "toy_dropping.txt").write_text(text)
+    outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines([error])
 
 
 def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expected_failures_dir):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator  # claimed broken\n"
+        "reason: claimed broken\n"
+        "    test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
+        "reason: the toy drops every third batch\n"  # one reason covering five ids
         + "".join(
-            f"test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch[{p}-sized]"
-            "  # the toy drops every third batch\n"
+            f"    test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch[{p}-sized]\n"
             for p in ("(1,)", "(2,)", "(3,)", "(0, 1)", "(0, 2, 1, 3)")
         )
     )

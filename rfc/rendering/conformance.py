@@ -90,7 +90,15 @@ def _outcome_groups(data: dict[str, Any], kinds: set[str]):
     return groups
 
 
-def _outcome_tables(inputs: Inputs, kinds: set[str], empty: str, with_outcome: bool) -> str:
+def _variants_text(variants: list[str], all_variants: list[str]) -> str:
+    variants = sorted(set(variants), key=variant_sort_key)
+    if len(all_variants) > 1 and set(variants) == set(all_variants):
+        return "all"
+    return ", ".join(code(v) for v in variants)
+
+
+def _per_design(inputs: Inputs, kinds: set[str], empty: str, render) -> str:
+    """One table per design of the results of the given kinds; ``render(groups, all_variants)`` makes it."""
     data = inputs.conformance
     if data is None:
         return no_results("conformance results", CONFORMANCE_COMMAND)
@@ -98,37 +106,44 @@ def _outcome_tables(inputs: Inputs, kinds: set[str], empty: str, with_outcome: b
     if not groups:
         return setup_line(data["setup"], "conformance.json") + "\n\n" + empty
     _, _, _, design_of, variants = conformance_parts(data)
-    designs = list(dict.fromkeys(design_of[v] for v in variants))
     out = [setup_line(data["setup"], "conformance.json")]
-    for design in designs:
-        mine = sorted(
-            ((k, v) for k, v in groups.items() if k[0] == design),
-            key=lambda kv: (clause_key(kv[0][1]), kv[0][2]),
-        )
-        if not mine:
-            continue
-        all_variants = [v for v in variants if design_of[v] == design]
-        headers = ["Clause", "Test"] + (["Outcome"] if with_outcome else []) + ["Variants", "Reason"]
-        rows = []
-        for (_, clause, test_id, outcome, reason), vs in mine:
-            vs = sorted(set(vs), key=variant_sort_key)
-            shown = "all" if len(all_variants) > 1 and set(vs) == set(all_variants) else ", ".join(code(v) for v in vs)
-            row = [clause, code(test_id)] + ([outcome] if with_outcome else []) + [shown, cell(reason) or "–"]
-            rows.append(row)
-        out.append(f"**{code(design)}** ({len(mine)})\n\n" + table(headers, rows))
+    for design in dict.fromkeys(design_of[v] for v in variants):
+        mine = {k: v for k, v in groups.items() if k[0] == design}
+        if mine:
+            out.append(render(mine, [v for v in variants if design_of[v] == design]))
     return "\n\n".join(out)
 
 
 def block_expected_failures(inputs: Inputs, page_dir: Path) -> str:
-    """Every expected failure, per design, with its clause, test id, variants and reason."""
-    return _outcome_tables(inputs, {XFAIL}, "No expected failures.", with_outcome=False)
+    """Every expected failure, per design, grouped by reason: the clauses and tests (with variants) each covers."""
+
+    def render(mine, all_variants: list[str]) -> str:
+        by_reason: dict[str, list] = defaultdict(list)
+        for key, vs in sorted(mine.items(), key=lambda kv: (clause_key(kv[0][1]), kv[0][2])):
+            by_reason[key[4]].append((key, vs))
+        rows = []
+        for reason, tests in by_reason.items():
+            clauses = ", ".join(dict.fromkeys(key[1] for key, _ in tests))
+            listed = "<br>".join(f"{code(key[2])} ({_variants_text(vs, all_variants)})" for key, vs in tests)
+            rows.append([clauses, cell(reason) or "–", listed])
+        design = next(iter(mine))[0]
+        return (f"**{code(design)}** ({len(mine)} tests, {len(by_reason)} reasons)\n\n"
+                + table(["Clauses", "Reason", "Tests (variants)"], rows))
+
+    return _per_design(inputs, {XFAIL}, "No expected failures.", render)
 
 
 def block_failures(inputs: Inputs, page_dir: Path) -> str:
     """Every failure, error, unexpected pass and skip, per design."""
-    return _outcome_tables(
-        inputs, {FAIL, SKIP}, "No failures, errors, unexpected passes or skips.", with_outcome=True
-    )
+
+    def render(mine, all_variants: list[str]) -> str:
+        rows = [[clause, code(test_id), outcome, _variants_text(vs, all_variants), cell(reason) or "–"]
+                for (_, clause, test_id, outcome, reason), vs in sorted(
+                    mine.items(), key=lambda kv: (clause_key(kv[0][1]), kv[0][2]))]
+        design = next(iter(mine))[0]
+        return f"**{code(design)}** ({len(mine)})\n\n" + table(["Clause", "Test", "Outcome", "Variants", "Reason"], rows)
+
+    return _per_design(inputs, {FAIL, SKIP}, "No failures, errors, unexpected passes or skips.", render)
 
 
 def block_designs(inputs: Inputs, page_dir: Path) -> str:

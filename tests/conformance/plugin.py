@@ -4,8 +4,9 @@
   ``--impl 'prefetcher[depth=4]'`` selects one variant). Conformance tests take a ``design`` argument and are
   parametrized over the selection.
 - Every conformance test carries ``@pytest.mark.clause("Cn")``; results aggregate per clause.
-- ``expected_failures/<design>.txt`` lists, per design, ``<file>::<test>[<params>]  # <reason>``. Entries
-  become strict xfails; an entry that matches no collected test is an error.
+- ``expected_failures/<design>.txt`` lists, per design, each reason followed by the test ids
+  (``<file>::<test>[<params>]``) it explains. Entries become strict xfails; an id that matches no collected test
+  is an error, and so is a listed test that passes.
 - At the end, a design x clause matrix of passed / expected-fail / failed; ``--results PATH`` writes JSON.
 """
 
@@ -125,18 +126,44 @@ def contract_id(item: pytest.Item) -> str:
 
 
 def load_expected_failures(design_name: str) -> dict[str, tuple[str, int]]:
-    """``{contract id: (reason, line number)}`` from the design's file; a line without a reason is an error."""
+    """``{contract id: (reason, line number)}`` from the design's file, grouped by reason::
+
+        reason: <why the design fails these tests>
+            <file>::<test>[<params without the design>]
+            <file>::<test>[<params without the design>]
+
+    A reason covers the indented ids under it. An id before any reason, a reason without ids, or an id listed
+    twice is an error; ``#`` starts a comment line.
+    """
     path = EXPECTED_FAILURES_DIR / f"{design_name}.txt"
     if not path.exists():
         return {}
-    entries = {}
+    entries: dict[str, tuple[str, int]] = {}
+    reason, reason_line, covered = None, 0, 0
+
+    def close_group() -> None:
+        if reason is not None and not covered:
+            raise pytest.UsageError(f"{path}:{reason_line}: reason {reason!r} covers no test id (indent the ids under it)")
+
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        test_id, _, reason = line.partition(" #")
-        if not reason.strip():
-            raise pytest.UsageError(f"{path}:{number}: expected failure {test_id.strip()!r} gives no reason")
-        entries[test_id.strip()] = (reason.strip(), number)
+        if line.startswith("reason:"):
+            close_group()
+            reason, reason_line, covered = line.removeprefix("reason:").strip(), number, 0
+            if not reason:
+                raise pytest.UsageError(f"{path}:{number}: empty reason")
+            continue
+        test_id = line.strip()
+        if reason is None or not line[0].isspace():
+            raise pytest.UsageError(
+                f"{path}:{number}: expected failure {test_id!r} gives no reason (indent it under a 'reason: ...' line)"
+            )
+        if test_id in entries:
+            raise pytest.UsageError(f"{path}:{number}: {test_id!r} is already listed on line {entries[test_id][1]}")
+        entries[test_id] = (reason, number)
+        covered += 1
+    close_group()
     return entries
 
 
