@@ -11,8 +11,10 @@ import copy
 import gc
 import itertools
 import math
+import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -456,3 +458,24 @@ def assert_same_batches(actual: Sequence, expected: Sequence, what: str = "batch
         f"{what}: got {len(actual)} batches, expected {len(expected)}\n  got:      {list(actual)}\n"
         f"  expected: {list(expected)}"
     )
+
+
+def error_chain_text(error: BaseException) -> str:
+    """The error's text with its causes' (a design may wrap the user-facing message)."""
+    parts = []
+    while error is not None and len(parts) < 5:
+        parts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n  caused by ".join(parts)
+
+
+def assert_names_the_fix(message: str, *patterns: str, what: str) -> None:
+    missing = [p for p in patterns if not re.search(p, message, re.IGNORECASE)]
+    assert not missing, f"{what}: the error does not name the fix (no match for {missing}):\n  {message}"
+
+
+def warning_texts(run) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught]
