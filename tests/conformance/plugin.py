@@ -12,17 +12,17 @@
 
 from __future__ import annotations
 
-import datetime
 import json
+import os
 import platform
 import re
-import subprocess
 from collections import Counter, defaultdict
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from benchmarks.provenance import provenance
 
 # Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
 # The `design` fixture is an immutable registry entry, so sharing it across examples is safe.
@@ -268,15 +268,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         write(f"conformance results written to {results_path}")
 
 
-def _git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
-        return commit + ("-dirty" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def write_results(path: Path, state: _State) -> None:
     from prototypes import IMPLEMENTATIONS
 
@@ -288,15 +279,7 @@ def write_results(path: Path, state: _State) -> None:
     names = sorted({r["design"] for r in results})
     payload = dict(
         schema=1,
-        setup=dict(
-            machine=f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} CPUs",
-            python=platform.python_version(),
-            torch=version("torch"),
-            pytorch_lightning=version("pytorch-lightning"),
-            torchdata=version("torchdata"),
-            git_commit=_git_commit(),
-            generated_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        ),
+        setup=dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance()),
         clauses=CLAUSES,
         designs={name: dict(summary=IMPLEMENTATIONS[name].summary) for name in names},
         results=results,
