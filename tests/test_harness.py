@@ -6,6 +6,9 @@ Each test runs the real suite in-process with pytester against a design register
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,25 @@ def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expect
                          targets=targets)
     outcome.assert_outcomes(failed=1, xfailed=5)
     outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
+
+
+def _ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_cases_pass_when_pytest_starts_with_sigint_ignored():
+    """As under ``nohup`` or ``&``: the child inherits SIGINT as ignored, and C13's Ctrl-C cases still pass."""
+    inherited = subprocess.run(
+        [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"],
+        preexec_fn=_ignoring_sigint, capture_output=True, text=True, timeout=60,
+    )
+    assert inherited.stdout.strip() == "True", "the child did not start with SIGINT ignored"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--impl", "upstream",
+         f"{SUITE}/test_c13_interrupts.py", "-k", "ctrl_c or keyboard_interrupt"],
+        preexec_fn=_ignoring_sigint, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=280,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "3 passed" in run.stdout, run.stdout[-2000:]
