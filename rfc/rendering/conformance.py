@@ -34,7 +34,7 @@ def conformance_parts(data: dict[str, Any]):
 
 
 def variant_sort_key(variant: str) -> list[Any]:
-    # natural sort: prefetcher[depth=2] before prefetcher[depth=10]
+    # natural sort: name[depth=2] before name[depth=10]
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", variant)]
 
 
