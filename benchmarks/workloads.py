@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,7 @@ def make_trainer(design: Any | None, root: Path, **overrides: Any) -> pl.Trainer
         return pl.Trainer(**kwargs) if design is None else design.trainer(**kwargs)
 
 
-def run_raw_loop(module: BenchModule, data: DataLoader) -> None:
+def run_raw_loop(module: BenchModule, data: Iterable[torch.Tensor]) -> None:
     """Plain PyTorch over the same loader, model and step work: the floor for per-batch overhead."""
     optimizer = module.configure_optimizers()
     module.probe.epoch_started()
@@ -217,13 +217,5 @@ def run_load_only(probe: Probe, data: DataLoader) -> None:
 
 
 def run_step_only(module: BenchModule, batches: Sequence[torch.Tensor]) -> None:
-    """Only the step's work on batches that are already there: T_ideal's C side."""
-    optimizer = module.configure_optimizers()
-    module.probe.epoch_started()
-    for batch in batches:
-        module.probe.batch_received(batch)
-        loss = module.compute(batch)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    module.probe.epoch_ended(*module.parameters())
+    """Only the step's work on batches that are already there: T_ideal's C side (the raw loop over a list)."""
+    run_raw_loop(module, batches)
