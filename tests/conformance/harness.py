@@ -132,6 +132,7 @@ def assert_nothing_left(before: Running, grace_s: float = 10.0) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- trainer
+# The Trainer defaults of every test and benchmark (benchmarks/workloads.py builds its Trainers with them too).
 QUIET = dict(
     accelerator="cpu",
     devices=1,
