@@ -141,6 +141,22 @@ def test_matrix_lists_counts_and_every_expected_failure_with_its_reason(rfc):
     assert "No failures, errors, unexpected passes or skips." in matrix
 
 
+def test_expected_failures_sharing_a_reason_are_one_row(rfc):
+    conf = conformance()
+    reason = "beta drops the last batch"
+    for result in conf["results"]:
+        if result["design"] == "beta" and result["clause"] in ("C2", "C3"):
+            result.update(outcome="xfailed", reason=reason)
+    write_results(rfc, conf, benchmarks())
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "**`beta`** (4 tests, 1 reason)" in matrix
+    row = next(line for line in matrix.splitlines() if reason in line)
+    assert row.startswith("| C2, C3 | beta drops the last batch | ")
+    assert row.count("(all)") == 4  # each test failed for both variants of beta
+    assert matrix.count(reason) == 1
+
+
 def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rfc):
     assert run(rfc).returncode == 0
     before_matrix = (rfc / "generated" / "matrix.md").read_text()

@@ -127,7 +127,8 @@ def block_expected_failures(inputs: Inputs, page_dir: Path) -> str:
             listed = "<br>".join(f"{code(key[2])} ({_variants_text(vs, all_variants)})" for key, vs in tests)
             rows.append([clauses, cell(reason) or "–", listed])
         design = next(iter(mine))[0]
-        return (f"**{code(design)}** ({len(mine)} tests, {len(by_reason)} reasons)\n\n"
+        reasons = f"{len(by_reason)} reason" + ("s" if len(by_reason) > 1 else "")
+        return (f"**{code(design)}** ({len(mine)} tests, {reasons})\n\n"
                 + table(["Clauses", "Reason", "Tests (variants)"], rows))
 
     return _per_design(inputs, {XFAIL}, "No expected failures.", render)
