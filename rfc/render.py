@@ -7,7 +7,7 @@
 What it writes:
 
 * ``rfc/generated/matrix.md``: the conformance matrix (design x clause: passed / expected-fail / fail
-  counts), every expected failure with its reason, and every unexpected outcome.
+  counts), every expected failure grouped by its reason, and every unexpected outcome.
 * ``rfc/generated/benchmarks.md``: per machine kind (one ``benchmarks-<kind>.json`` each) the targets and the
   tables of scenarios S1-S5 (and any other scenario the file holds), the run notes, plus a plot of efficiency against L/C per design
   (``rfc/generated/efficiency-vs-ratio-<kind>.png``).
