@@ -1,1 +1,1 @@
-"""Benchmarks for the dataloader_iter designs (issue 7); see README.md."""
+"""Benchmarks for the dataloader_iter designs; see README.md."""

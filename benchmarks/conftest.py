@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import harness
+from benchmarks import results, workloads
 
 
 def measuring(config: pytest.Config) -> bool:
@@ -78,9 +78,9 @@ class Bench:
 
     measuring: bool
     sizes: Sizes
-    burner: harness.Burner
+    burner: workloads.Burner
     root: Path
-    store: harness.ResultStore
+    store: results.ResultStore
     setup: dict[str, Any]
 
     def extra_info(self, benchmark: Any, row: dict[str, Any]) -> None:
@@ -90,9 +90,9 @@ class Bench:
 
 @pytest.fixture(autouse=True)
 def _torch_threads():
-    """Every benchmark runs with ``harness.TORCH_THREADS`` intra-op threads (recorded in the results)."""
+    """Every benchmark runs with ``workloads.TORCH_THREADS`` intra-op threads (recorded in the results)."""
     previous = torch.get_num_threads()
-    torch.set_num_threads(harness.TORCH_THREADS)
+    torch.set_num_threads(workloads.TORCH_THREADS)
     yield
     torch.set_num_threads(previous)
 
@@ -109,13 +109,13 @@ def benchmark(benchmark, request):
 def bench(request, tmp_path_factory) -> Bench:
     on = measuring(request.config)
     previous = torch.get_num_threads()
-    torch.set_num_threads(harness.TORCH_THREADS)
+    torch.set_num_threads(workloads.TORCH_THREADS)
     try:
-        burner = harness.Burner()
+        burner = workloads.Burner()
     finally:
         torch.set_num_threads(previous)
-    setup = harness.setup_info()
-    store = harness.RESULTS
+    setup = results.setup_info()
+    store = results.RESULTS
     sizes = MEASURE if on else SMOKE
     store.notes.update(
         mode="measure" if on else "smoke",
@@ -128,7 +128,7 @@ def bench(request, tmp_path_factory) -> Bench:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    store = harness.RESULTS
+    store = results.RESULTS
     if not measuring(session.config) or not store.rows:
         return
     store.notes["loadavg_end"] = list(os.getloadavg())
@@ -141,14 +141,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             " cores): every figure is noisier for it, and S2 needs both cores idle"
         )
     complete = all(store.rows.get(s) for s in ("S1", "S2", "S3", "S4"))
-    name = f"benchmarks-{harness.MACHINE_KIND}.json"
+    name = f"benchmarks-{results.MACHINE_KIND}.json"
     if os.environ.get("BENCHMARKS_RESULTS"):
         path = Path(os.environ["BENCHMARKS_RESULTS"])
     elif complete:
-        path = harness.RESULTS_DIR / name
+        path = results.RESULTS_DIR / name
     else:
-        path = harness.PARTIAL_DIR / name.replace(".json", ".partial.json")
-    harness.write_json(path, harness.results_document(store, harness.setup_info()))
+        path = results.PARTIAL_DIR / name.replace(".json", ".partial.json")
+    results.write_json(path, results.results_document(store, results.setup_info()))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"benchmark results written to {path}" + ("" if complete else " (partial run)"))

@@ -45,8 +45,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import Dataset  # noqa: E402
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import measuring, results, workloads  # noqa: E402
 from prototypes import IMPLEMENTATIONS  # noqa: E402
+from tests.conformance.harness import QUIET  # noqa: E402
 
 FEATURES = 8
 POINTS = {"L=0.5C": 2.0, "L=C": 1.0, "L=2C": 0.5}  # point -> C as a multiple of the measured L
@@ -57,7 +58,7 @@ PATTERN_MAX = 1000  # batch values are integers below PATTERN_MAX + n: exact in 
 class PinnedBatches(Dataset):
     """Item ``i``: a host batch (pinned on CUDA) equal to ``pattern + i``; produced instantly, the copy is L."""
 
-    def __init__(self, n: int, rows: int, cols: int, probe: harness.Probe, pin: bool, seed: int = 0) -> None:
+    def __init__(self, n: int, rows: int, cols: int, probe: measuring.Probe, pin: bool, seed: int = 0) -> None:
         generator = torch.Generator().manual_seed(seed)
         self.pattern = torch.randint(0, PATTERN_MAX, (rows, cols), generator=generator).float()
         self.pattern[:, 0] = 0.0
@@ -79,7 +80,7 @@ class PinnedBatches(Dataset):
 class GpuStep(pl.LightningModule):
     """One user step for every design: take a batch, make sure it is on the device, check it, compute C."""
 
-    def __init__(self, probe: harness.Probe, pattern: torch.Tensor, iterations: int, matmul: int) -> None:
+    def __init__(self, probe: measuring.Probe, pattern: torch.Tensor, iterations: int, matmul: int) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.layer = nn.Linear(FEATURES, 1)
@@ -161,27 +162,27 @@ class S5:
                  root: Path) -> None:
         self.device, self.n, self.rows, self.cols, self.matmul = device, n, rows, cols, matmul
         self.rounds, self.warmup, self.root = rounds, warmup, root
-        self.data = PinnedBatches(n, rows, cols, harness.Probe(), pin=device.type == "cuda")
+        self.data = PinnedBatches(n, rows, cols, measuring.Probe(), pin=device.type == "cuda")
         self.ms_per_matmul = calibrate(device, matmul)
         self.copy_only = self.measure(lambda: self._copy_only())
         self.l_ms = self.copy_only.median_ms
-        self.trainer_kwargs = dict(harness.TRAINER_KWARGS, accelerator="gpu" if device.type == "cuda" else "cpu")
+        self.trainer_kwargs = dict(QUIET, accelerator="gpu" if device.type == "cuda" else "cpu")
 
     def iterations_for(self, c_ms: float) -> int:
         return max(1, round(c_ms / self.ms_per_matmul))
 
-    def measure(self, once) -> harness.Measurement:
-        return harness.measure(once, self.n, self.rounds, self.warmup)
+    def measure(self, once) -> measuring.Measurement:
+        return measuring.measure(once, self.n, self.rounds, self.warmup)
 
-    def _fresh_probe(self) -> harness.Probe:
-        probe = harness.Probe()
+    def _fresh_probe(self) -> measuring.Probe:
+        probe = measuring.Probe()
         self.data.probe = probe
         return probe
 
-    def _copy_only(self) -> harness.Probe:
+    def _copy_only(self) -> measuring.Probe:
         probe = self._fresh_probe()
         probe.epoch_started()
-        for batch in harness.loader(self.data):
+        for batch in workloads.loader(self.data):
             batch.to(self.device, non_blocking=True)
         _sync(self.device)
         probe.epoch_ended()
@@ -189,7 +190,7 @@ class S5:
         probe.batches_exact = True
         return probe
 
-    def _compute_only(self, iterations: int) -> harness.Probe:
+    def _compute_only(self, iterations: int) -> measuring.Probe:
         probe = self._fresh_probe()
         on_device = [b.to(self.device) for b in self.data.items]
         _sync(self.device)
@@ -204,14 +205,14 @@ class S5:
         module.on_train_epoch_end()
         return probe
 
-    def _fit(self, design: Any | None, module: GpuStep) -> harness.Probe:
+    def _fit(self, design: Any | None, module: GpuStep) -> measuring.Probe:
         trainer_kwargs = {**self.trainer_kwargs, "default_root_dir": str(self.root)}
-        with harness.quiet():
+        with workloads.quiet():
             trainer = pl.Trainer(**trainer_kwargs) if design is None else design.trainer(**trainer_kwargs)
-            trainer.fit(module, train_dataloaders=harness.loader(self.data))
+            trainer.fit(module, train_dataloaders=workloads.loader(self.data))
         return module.probe
 
-    def once(self, who: str, c_ms: float) -> harness.Probe:
+    def once(self, who: str, c_ms: float) -> measuring.Probe:
         """One epoch of ``who`` (a baseline or a registry name) with C = ``c_ms``."""
         iterations = self.iterations_for(c_ms)
         if who == "baseline:copy-only":
@@ -223,13 +224,13 @@ class S5:
         return self._fit(
             IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
 
-    def point(self, c_ms: float, names: Sequence[str]) -> harness.Interleaved:
+    def point(self, c_ms: float, names: Sequence[str]) -> measuring.Interleaved:
         """Baselines and designs at one C, interleaved round by round."""
         runs = {who: partial(self.once, who, c_ms) for who in (*BASELINES, *names)}
-        return harness.Interleaved(runs, self.n, self.rounds, self.warmup)
+        return measuring.Interleaved(runs, self.n, self.rounds, self.warmup)
 
 
-def check(measurement: harness.Measurement, n: int, reference: Sequence[torch.Tensor] | None) -> dict[str, Any]:
+def check(measurement: measuring.Measurement, n: int, reference: Sequence[torch.Tensor] | None) -> dict[str, Any]:
     """Correctness of every measured round: exact batch contents, order, and weights against the reference."""
     problems = []
     max_diff = 0.0
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unknown design(s) {unknown}; registered: {sorted(IMPLEMENTATIONS)}", file=sys.stderr)
         return 2
 
-    torch.set_num_threads(harness.TORCH_THREADS)
+    torch.set_num_threads(workloads.TORCH_THREADS)
     with tempfile.TemporaryDirectory() as tmp:
         s5 = S5(device, n, rows, cols, matmul, rounds, warmup, Path(tmp))
         print(f"S5 on {device}: {n} batches of {rows}x{cols} float32 ({rows * cols * 4 / 2**20:.0f} MiB),"
@@ -286,13 +287,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             reference = base["baseline:regular"].probes[-1].final_weights
             t_serial = base["baseline:regular"].median_ms
             t_ideal = max(base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms)
-            common = dict(L_ms=harness.rounded(s5.l_ms), C_target_ms=harness.rounded(c_ms),
-                          C_ms=harness.rounded(base["baseline:compute-only"].median_ms),
-                          L_over_C=harness.rounded(1.0 / c_factor), n_batches=n, batch_mib=round(rows * cols * 4 / 2**20, 1))
+            common = dict(L_ms=measuring.rounded(s5.l_ms), C_target_ms=measuring.rounded(c_ms),
+                          C_ms=measuring.rounded(base["baseline:compute-only"].median_ms),
+                          L_over_C=measuring.rounded(1.0 / c_factor), n_batches=n, batch_mib=round(rows * cols * 4 / 2**20, 1))
             for who in BASELINES:
                 verdict = check(base[who], n, reference if who != "baseline:copy-only" else None)
                 rows_out.append(dict(design=who, role="baseline", point=point, **common,
-                                     time_per_batch_ms=harness.rounded(base[who].median_ms),
+                                     time_per_batch_ms=measuring.rounded(base[who].median_ms),
                                      correct=verdict["correct"], rounds=base[who].rounds))
                 failures += [f"{point} {who}: {p}" for p in verdict["problems"]]
             for name in names:
@@ -305,11 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 verdict = check(measurement, n, reference)
                 t = measurement.median_ms
-                efficiency = harness.efficiency(t_serial, t, t_ideal)
+                efficiency = measuring.efficiency(t_serial, t, t_ideal)
                 rows_out.append(dict(
                     design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
-                    time_per_batch_ms=harness.rounded(t), t_serial_ms=harness.rounded(t_serial),
-                    t_ideal_ms=harness.rounded(t_ideal), efficiency=harness.rounded(efficiency),
+                    time_per_batch_ms=measuring.rounded(t), t_serial_ms=measuring.rounded(t_serial),
+                    t_ideal_ms=measuring.rounded(t_ideal), efficiency=measuring.rounded(efficiency),
                     correct=verdict["correct"], weights_max_abs_diff=verdict["weights_max_abs_diff"],
                     rounds=measurement.rounds,
                 ))
@@ -320,13 +321,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {point:7s} {IMPLEMENTATIONS[name].id:24s} {t:8.3f} ms/batch  serial {t_serial:8.3f}"
                       f"  ideal {t_ideal:8.3f}  efficiency {efficiency:6.3f}  correct {verdict['correct']}", flush=True)
 
-    setup = harness.setup_info()
+    setup = results.setup_info()
     gpu = torch.cuda.get_device_name(device) if not dry else "none (dry run on cpu)"
     kind = args.kind or ("dry-run-cpu" if dry else re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-"))
     setup.update(machine=f"{kind}: {gpu}; host {setup['machine'].split(': ', 1)[-1]}", machine_kind=kind,
                  gpu=gpu, cuda=torch.version.cuda or "none")
     document = {
-        "schema": harness.SCHEMA,
+        "schema": results.SCHEMA,
         "setup": setup,
         "targets": {"S5": dict(what="every design's results equal the synchronous path (S5)", metric="correct",
                                compare="==", threshold=True,
@@ -340,10 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None:
         out = args.out
     elif dry:  # a dry run never lands among the committed results
-        out = harness.PARTIAL_DIR / f"benchmarks-{kind}.json"
+        out = results.PARTIAL_DIR / f"benchmarks-{kind}.json"
     else:
-        out = harness.RESULTS_DIR / f"benchmarks-{kind}.json"
-    harness.write_json(out, document)
+        out = results.RESULTS_DIR / f"benchmarks-{kind}.json"
+    results.write_json(out, document)
     print(f"wrote {out} in {time.perf_counter() - started:.0f} s; {len(failures)} problem(s)")
     for failure in failures:
         print("  PROBLEM:", failure)

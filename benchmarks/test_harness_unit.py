@@ -1,14 +1,18 @@
-"""The measuring harness itself (fast; skipped by ``--benchmark-only``, which runs only benchmarks)."""
+"""The benchmark harness itself: measuring, workloads, targets, provenance (fast; skipped by ``--benchmark-only``)."""
 
 from __future__ import annotations
+
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import harness
+from benchmarks import measuring, provenance, targets, workloads
+from prototypes.common import Design
 
 
-class _FakeProbe(harness.Probe):
+class _FakeProbe(measuring.Probe):
     def __init__(self, seconds: float) -> None:
         super().__init__()
         self.t_epoch_start, self.t_epoch_end = 0.0, seconds
@@ -18,16 +22,16 @@ def test_interleaved_rotates_rounds_drops_warmup_and_keeps_errors_per_entry() ->
     calls: list[str] = []
 
     def run(name: str, seconds: float):
-        def once() -> harness.Probe:
+        def once() -> measuring.Probe:
             calls.append(name)
             return _FakeProbe(seconds)
         return once
 
-    def broken() -> harness.Probe:
+    def broken() -> measuring.Probe:
         calls.append("broken")
         raise ValueError("design failed")
 
-    data = harness.Interleaved({"a": run("a", 2.0), "b": run("b", 4.0), "broken": broken}, 2, rounds=2, warmup=1)
+    data = measuring.Interleaved({"a": run("a", 2.0), "b": run("b", 4.0), "broken": broken}, 2, rounds=2, warmup=1)
     assert calls == ["a", "b", "broken", "b", "a", "a", "b"]  # rotation; a failing entry is not run again
     assert data.measurement("a").per_batch_s == [1.0, 1.0]  # warm-up round dropped, span / batches
     assert data.measurement("b").median_ms == 2000.0
@@ -43,29 +47,29 @@ class _FakeBenchmark:
 
     def pedantic(self, target, rounds: int, warmup_rounds: int) -> None:
         for _ in range(rounds):
-            start = harness.span_clock()
+            start = measuring.span_clock()
             target()
-            self.durations.append(harness.span_clock() - start)
+            self.durations.append(measuring.span_clock() - start)
 
 
 def test_report_hands_the_measured_values_to_pytest_benchmark() -> None:
     fake = _FakeBenchmark()
-    harness.report(fake, harness.Measurement([0.5, 0.25], [harness.Probe(), harness.Probe()]))
+    measuring.report(fake, measuring.Measurement([0.5, 0.25], [measuring.Probe(), measuring.Probe()]))
     assert fake.durations == [0.5, 0.25]
 
 
 def test_probe_span_starts_at_the_earlier_of_first_load_and_epoch_start() -> None:
-    probe = harness.Probe()
+    probe = measuring.Probe()
     probe.t_first_load, probe.t_epoch_start, probe.t_epoch_end = 1.0, 3.0, 7.0
     assert probe.span() == 6.0
     probe.t_first_load = None
     assert probe.span() == 4.0
     with pytest.raises(AssertionError, match="no complete epoch"):
-        harness.Probe().span()
+        measuring.Probe().span()
 
 
 def test_in_flight_counts_produced_but_not_received() -> None:
-    probe = harness.Probe()
+    probe = measuring.Probe()
     for _ in range(3):
         probe.batch_produced()
     probe.batch_received(torch.zeros(1, 2))
@@ -74,32 +78,60 @@ def test_in_flight_counts_produced_but_not_received() -> None:
 
 
 def test_exactly_once_names_what_went_wrong() -> None:
-    harness.check_exactly_once([0, 1, 2], 3)
+    measuring.check_exactly_once([0, 1, 2], 3)
     with pytest.raises(AssertionError, match=r"missing \[1\], unexpected \[\]"):
-        harness.check_exactly_once([0, 2], 3)
+        measuring.check_exactly_once([0, 2], 3)
     with pytest.raises(AssertionError, match="expected"):
-        harness.check_exactly_once([0, 0, 1, 2], 3)
+        measuring.check_exactly_once([0, 0, 1, 2], 3)
 
 
 def test_jittered_loads_are_fixed_by_the_seed_with_the_requested_mean() -> None:
-    loads = harness.jittered_loads(64, 10.0, seed=7)
-    assert loads == harness.jittered_loads(64, 10.0, seed=7)
+    loads = workloads.jittered_loads(64, 10.0, seed=7)
+    assert loads == workloads.jittered_loads(64, 10.0, seed=7)
     assert sum(loads) / len(loads) == pytest.approx(10.0)
     assert max(loads) > 2 * min(loads)
 
 
-def test_targets_record_where_each_design_stands() -> None:
+def test_targets_judge_designs_by_what_they_declare() -> None:
+    def design(name: str, **declared) -> Design:
+        return Design(name=name, summary=name, make_trainer=lambda trainer_kwargs, **options: None, **declared)
+
+    designs = {"loads_ahead": design("loads_ahead", prefetch_depth_option="lookahead"), "plain": design("plain")}
     rows = {
-        "S1": [dict(design="prefetcher[depth=2]", role="design", L_over_C=1.0, efficiency=0.96),
-               dict(design="prefetcher[depth=2]", role="design", L_over_C=2.0, efficiency=0.5),
-               dict(design="upstream", role="design", L_over_C=1.0, efficiency=0.0)],
-        "S3": [dict(design="upstream", role="design", flavour="dataloader_iter", overhead_vs_regular=1.1),
-               dict(design="upstream", role="design", flavour="regular", overhead_vs_regular=1.0)],
-        "S4": [dict(design="prefetcher[depth=4]", role="design", depth=4, peak_in_flight=6),
+        "S1": [dict(design="loads_ahead[lookahead=2]", role="design", L_over_C=1.0, efficiency=0.96),
+               dict(design="loads_ahead[lookahead=2]", role="design", L_over_C=2.0, efficiency=0.5),
+               dict(design="plain", role="design", L_over_C=1.0, efficiency=0.0)],
+        "S3": [dict(design="plain", role="design", flavour="dataloader_iter", overhead_vs_regular=1.1),
+               dict(design="plain", role="design", flavour="regular", overhead_vs_regular=1.0)],
+        "S4": [dict(design="loads_ahead[lookahead=4]", role="design", depth=4, peak_in_flight=6),
                dict(design="baseline:regular", role="baseline", depth=None, peak_in_flight=1)],
     }
-    targets = harness.evaluate_targets(rows)
-    assert targets["S1"]["results"] == [dict(design="prefetcher[depth=2]", value=0.96, met=True)]
-    assert targets["S3"]["results"] == [dict(design="upstream", value=1.1, met=False)]
-    assert targets["S4"]["results"] == [dict(design="prefetcher[depth=4]", value=6, limit=5, met=False)]
-    assert targets["S2"]["results"] == [] and "note" in targets["S2"]
+    judged = targets.evaluate_targets(rows, designs)
+    assert judged["S1"]["results"] == [dict(design="loads_ahead[lookahead=2]", value=0.96, met=True)]
+    assert judged["S3"]["results"] == [dict(design="plain", value=1.1, met=False)]
+    assert judged["S4"]["results"] == [dict(design="loads_ahead[lookahead=4]", value=6, limit=5, met=False)]
+    assert judged["S2"]["results"] == [] and "note" in judged["S2"]
+    # the same rows with no design declaring that it prefetches: nothing is judged against the S1 target
+    assert targets.evaluate_targets(rows, {"loads_ahead": design("loads_ahead"), "plain": designs["plain"]})["S1"][
+        "results"] == []
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                   capture_output=True, timeout=30)
+
+
+def test_the_code_counts_as_changed_only_outside_the_results_and_rendered_pages(tmp_path: Path) -> None:
+    for path in ("prototypes/design.py", "rfc/results/conformance.json", "rfc/generated/matrix.md"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("committed\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "measured code")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+
+    (tmp_path / "rfc/results/conformance.json").write_text("a new run\n")
+    (tmp_path / "rfc/generated/matrix.md").write_text("re-rendered\n")
+    assert provenance.code_revision(tmp_path) == {"git_commit": head, "git_dirty": False}
+    (tmp_path / "prototypes/design.py").write_text("changed\n")
+    assert provenance.code_revision(tmp_path) == {"git_commit": head, "git_dirty": True}

@@ -21,12 +21,12 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
-from benchmarks import harness
+from benchmarks import measuring, workloads
 from benchmarks.conftest import FEATURES, ROWS
 from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
-    pytest.mark.benchmark(group="S2 step-level pipelining (time per batch)", timer=harness.span_clock),
+    pytest.mark.benchmark(group="S2 step-level pipelining (time per batch)", timer=measuring.span_clock),
     pytest.mark.timeout(900),  # the first test measures every case, interleaved; smoke mode takes seconds
 ]
 
@@ -39,7 +39,7 @@ class PipelinedStep(pl.LightningModule):
     """Manual optimisation; stage R of the next batch runs in ``pool`` while the current batch trains."""
 
     def __init__(
-        self, probe: harness.Probe, burner: harness.Burner, step_iterations: int, stage_iterations: int,
+        self, probe: measuring.Probe, burner: workloads.Burner, step_iterations: int, stage_iterations: int,
         pool: ThreadPoolExecutor, pipelined: bool,
     ) -> None:
         super().__init__()
@@ -69,7 +69,7 @@ class PipelinedStep(pl.LightningModule):
         return prepared
 
     def train_on(self, prepared: torch.Tensor) -> None:
-        self.probe.trained.append(harness.batch_id(prepared))
+        self.probe.trained.append(measuring.batch_id(prepared))
         optimizer = self.optimizers()
         self.burner.run(self.step_iterations)
         loss = self.layer(prepared[:, 1:]).pow(2).mean()
@@ -101,30 +101,30 @@ class PipelinedStep(pl.LightningModule):
             self.train_on(last.result())
 
 
-def _once(bench, who: str, mode: str) -> harness.Probe:
+def _once(bench, who: str, mode: str) -> measuring.Probe:
     sizes = bench.sizes
     n = sizes.s2_batches
-    probe = harness.Probe()
-    dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
+    probe = measuring.Probe()
+    dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
     # torch.set_num_threads only sets the calling thread's OpenMP team size: without the initializer, MKL's
     # matmuls in the pool thread run with one OpenMP thread per core and spin, which made this scenario
     # 5-10x slower than the unpipelined step on two cores. A user's executor needs the same line.
     with ThreadPoolExecutor(
         max_workers=1, thread_name_prefix="s2-stage-r", initializer=torch.set_num_threads,
-        initargs=(harness.TORCH_THREADS,),
+        initargs=(workloads.TORCH_THREADS,),
     ) as pool:
         module = PipelinedStep(probe, bench.burner, bench.burner.iterations_for(sizes.s2_c_ms),
                                bench.burner.iterations_for(sizes.s2_r_ms), pool, mode == "pipelined")
-        harness.fit(harness.make_trainer(IMPLEMENTATIONS[who], bench.root), module, harness.loader(dataset))
-    harness.check_exactly_once(probe.received, n)
-    harness.check_exactly_once(probe.trained, n, what="trained on")
+        workloads.fit(workloads.make_trainer(IMPLEMENTATIONS[who], bench.root), module, workloads.loader(dataset))
+    measuring.check_exactly_once(probe.received, n)
+    measuring.check_exactly_once(probe.trained, n, what="trained on")
     return probe
 
 
-def _point(bench) -> harness.Interleaved:
+def _point(bench) -> measuring.Interleaved:
     sizes = bench.sizes
     runs = {f"{who}-{mode}": partial(_once, bench, who, mode) for who, mode in CASES}
-    return bench.store.point(("S2",), lambda: harness.Interleaved(runs, sizes.s2_batches, sizes.rounds, sizes.warmup))
+    return bench.store.point(("S2",), lambda: measuring.Interleaved(runs, sizes.s2_batches, sizes.rounds, sizes.warmup))
 
 
 @pytest.mark.parametrize(("who", "mode"), CASES, ids=[f"{w}-{m}" for w, m in CASES])
@@ -132,11 +132,11 @@ def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
     sizes = bench.sizes
     data = _point(bench)
     measurement = data.measurement(f"{who}-{mode}")
-    harness.report(benchmark, measurement)
+    measuring.report(benchmark, measurement)
     common = dict(R_target_ms=sizes.s2_r_ms, C_target_ms=sizes.s2_c_ms, L_target_ms=0.0, n_batches=sizes.s2_batches)
     if mode == "plain":
         row = dict(design=IMPLEMENTATIONS[who].id, role="baseline", flavour="dataloader_iter", mode=mode, **common,
-                   time_per_batch_ms=harness.rounded(measurement.median_ms), rounds=measurement.rounds)
+                   time_per_batch_ms=measuring.rounded(measurement.median_ms), rounds=measurement.rounds)
         bench.extra_info(benchmark, row)
         bench.store.record("S2", row)
         return
@@ -150,10 +150,10 @@ def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
     ideal = (sizes.s2_r_ms + sizes.s2_c_ms) / max(sizes.s2_r_ms, sizes.s2_c_ms)
     row = dict(
         design=IMPLEMENTATIONS[who].id, role="design", flavour="dataloader_iter", mode=mode, **common,
-        time_per_batch_ms=harness.rounded(measurement.median_ms),
-        time_per_batch_plain_ms=harness.rounded(plain.median_ms),
-        speedup=harness.rounded(speedup), speedup_best_rounds=harness.rounded(best),
-        ideal_speedup=harness.rounded(ideal), rounds=measurement.rounds,
+        time_per_batch_ms=measuring.rounded(measurement.median_ms),
+        time_per_batch_plain_ms=measuring.rounded(plain.median_ms),
+        speedup=measuring.rounded(speedup), speedup_best_rounds=measuring.rounded(best),
+        ideal_speedup=measuring.rounded(ideal), rounds=measurement.rounds,
     )
     bench.extra_info(benchmark, row)
     bench.store.record("S2", row)

@@ -11,12 +11,12 @@ from functools import partial
 
 import pytest
 
-from benchmarks import harness
+from benchmarks import measuring, workloads
 from benchmarks.conftest import FEATURES
 from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
-    pytest.mark.benchmark(group="S3 overhead, tiny model, L = 0 (time per batch)", timer=harness.span_clock),
+    pytest.mark.benchmark(group="S3 overhead, tiny model, L = 0 (time per batch)", timer=measuring.span_clock),
     pytest.mark.timeout(900),  # the first test measures every case, interleaved; smoke mode takes seconds
 ]
 
@@ -27,26 +27,26 @@ CASES = [(who, "-") for who in BASELINES] + [
 ROWS = 1  # batch size 1: the per-batch machinery dominates
 
 
-def _once(bench, who: str, flavour: str) -> harness.Probe:
+def _once(bench, who: str, flavour: str) -> measuring.Probe:
     n = bench.sizes.s3_batches
-    probe = harness.Probe()
-    dataset = harness.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
+    probe = measuring.Probe()
+    dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
     if who == "baseline:raw-pytorch":
-        harness.run_raw_loop(harness.RegularStep(probe, FEATURES, bench.burner, 0), harness.loader(dataset))
+        workloads.run_raw_loop(workloads.RegularStep(probe, FEATURES, bench.burner, 0), workloads.loader(dataset))
     else:
-        module_type = harness.IterStep if flavour == "dataloader_iter" else harness.RegularStep
+        module_type = workloads.IterStep if flavour == "dataloader_iter" else workloads.RegularStep
         module = module_type(probe, FEATURES, bench.burner, 0)
         design = None if who == "baseline:regular" else IMPLEMENTATIONS[who]
-        harness.fit(harness.make_trainer(design, bench.root), module, harness.loader(dataset))
-    harness.check_exactly_once(probe.received, n)
+        workloads.fit(workloads.make_trainer(design, bench.root), module, workloads.loader(dataset))
+    measuring.check_exactly_once(probe.received, n)
     return probe
 
 
-def _point(bench) -> harness.Interleaved:
+def _point(bench) -> measuring.Interleaved:
     sizes = bench.sizes
     runs = {f"{who}-{flavour}": partial(_once, bench, who, flavour) for who, flavour in CASES}
     return bench.store.point(
-        ("S3",), lambda: harness.Interleaved(runs, sizes.s3_batches, sizes.s3_rounds, sizes.s3_warmup)
+        ("S3",), lambda: measuring.Interleaved(runs, sizes.s3_batches, sizes.s3_rounds, sizes.s3_warmup)
     )
 
 
@@ -55,19 +55,19 @@ def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
     n = bench.sizes.s3_batches
     data = _point(bench)
     measurement = data.measurement(f"{who}-{flavour}")
-    harness.report(benchmark, measurement)
+    measuring.report(benchmark, measurement)
     t = measurement.median_ms
     if who in BASELINES:
         row = dict(design=who, role="baseline", flavour="raw" if who == "baseline:raw-pytorch" else "regular",
-                   n_batches=n, time_per_batch_ms=harness.rounded(t), rounds=measurement.rounds)
+                   n_batches=n, time_per_batch_ms=measuring.rounded(t), rounds=measurement.rounds)
     else:
         regular = data.measurement("baseline:regular--").median_ms
         raw = data.measurement("baseline:raw-pytorch--").median_ms
         row = dict(
             design=IMPLEMENTATIONS[who].id, role="design", flavour=flavour, n_batches=n,
-            time_per_batch_ms=harness.rounded(t), t_regular_ms=harness.rounded(regular),
-            t_raw_ms=harness.rounded(raw), overhead_vs_regular=harness.rounded(t / regular),
-            overhead_vs_raw=harness.rounded(t / raw), rounds=measurement.rounds,
+            time_per_batch_ms=measuring.rounded(t), t_regular_ms=measuring.rounded(regular),
+            t_raw_ms=measuring.rounded(raw), overhead_vs_regular=measuring.rounded(t / regular),
+            overhead_vs_raw=measuring.rounded(t / raw), rounds=measurement.rounds,
         )
     bench.extra_info(benchmark, row)
     bench.store.record("S3", row)

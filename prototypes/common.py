@@ -30,6 +30,12 @@ class Design:
     ``make_trainer(trainer_kwargs, **options)`` returns a ``pytorch_lightning.Trainer``; ``options`` are the
     design's own knobs (for example a prefetch depth). ``suite_variants`` lists extra option sets the
     conformance suite runs by default besides ``options``.
+
+    What the benchmarks judge a design by, declared here rather than inferred from its name:
+    ``prefetch_depth_option`` names the option that sets how many batches it loads ahead of the step (None: it
+    does not prefetch; S4 runs it at each depth and the S1 target applies to it). ``promised_s1_efficiency``
+    (S1 point such as ``"L=C"`` -> efficiency) and ``promised_s4_efficiency_at_depth`` (depth -> efficiency) are
+    floors it promises, asserted in measure mode.
     """
 
     name: str
@@ -37,6 +43,9 @@ class Design:
     make_trainer: Callable[..., pl.Trainer]
     options: Mapping[str, Any] = field(default_factory=dict)
     suite_variants: tuple[Mapping[str, Any], ...] = ()
+    prefetch_depth_option: str | None = None
+    promised_s1_efficiency: Mapping[str, float] = field(default_factory=dict)
+    promised_s4_efficiency_at_depth: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def id(self) -> str:

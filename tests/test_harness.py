@@ -6,6 +6,9 @@ Each test runs the real suite in-process with pytester against a design register
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,11 +120,11 @@ def expected_failures_dir(tmp_path, monkeypatch):
 
 def test_expected_failure_matching_no_test_is_an_error(pytester, toy_design, expected_failures_dir):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "test_c02_items.py::test_no_such_test[sized]  # a stale entry\n"
+        "reason: a stale entry\n    test_c02_items.py::test_no_such_test[sized]\n"
     )
     outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_c02", "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:1: test_c02_items.py::test_no_such_test*"])
+    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:2: test_c02_items.py::test_no_such_test*"])
 
 
 def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expected_failures_dir):
@@ -130,15 +133,32 @@ def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expec
     )
     outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines(["*gives no reason*"])
+    outcome.stderr.fnmatch_lines(["*toy_dropping.txt:1: *gives no reason*"])
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("reason: nothing under it\n\nreason: another\n    test_c02_items.py::test_x\n", "*:1: reason 'nothing under it' covers no test id*"),
+        ("reason: twice\n    test_c02_items.py::test_x\n    test_c02_items.py::test_x\n", "*:3: *already listed on line 2*"),
+        ("reason:\n    test_c02_items.py::test_x\n", "*:1: empty reason*"),
+    ],
+    ids=["reason-without-ids", "id-listed-twice", "empty-reason"],
+)
+def test_a_malformed_reason_group_is_an_error(pytester, toy_design, expected_failures_dir, text, error):
+    (expected_failures_dir / "toy_dropping.txt").write_text(text)
+    outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines([error])
 
 
 def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expected_failures_dir):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator  # claimed broken\n"
+        "reason: claimed broken\n"
+        "    test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
+        "reason: the toy drops every third batch\n"  # one reason covering five ids
         + "".join(
-            f"test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch[{p}-sized]"
-            "  # the toy drops every third batch\n"
+            f"    test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch[{p}-sized]\n"
             for p in ("(1,)", "(2,)", "(3,)", "(0, 1)", "(0, 2, 1, 3)")
         )
     )
@@ -150,3 +170,25 @@ def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expect
                          targets=targets)
     outcome.assert_outcomes(failed=1, xfailed=5)
     outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
+
+
+def _ignoring_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_cases_pass_when_pytest_starts_with_sigint_ignored():
+    """As under ``nohup`` or ``&``: the child inherits SIGINT as ignored, and C13's Ctrl-C cases still pass."""
+    inherited = subprocess.run(
+        [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"],
+        preexec_fn=_ignoring_sigint, capture_output=True, text=True, timeout=60,
+    )
+    assert inherited.stdout.strip() == "True", "the child did not start with SIGINT ignored"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--impl", "upstream",
+         f"{SUITE}/test_c13_interrupts.py", "-k", "ctrl_c or keyboard_interrupt"],
+        preexec_fn=_ignoring_sigint, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=280,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "3 passed" in run.stdout, run.stdout[-2000:]

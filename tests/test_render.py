@@ -141,6 +141,22 @@ def test_matrix_lists_counts_and_every_expected_failure_with_its_reason(rfc):
     assert "No failures, errors, unexpected passes or skips." in matrix
 
 
+def test_expected_failures_sharing_a_reason_are_one_row(rfc):
+    conf = conformance()
+    reason = "beta drops the last batch"
+    for result in conf["results"]:
+        if result["design"] == "beta" and result["clause"] in ("C2", "C3"):
+            result.update(outcome="xfailed", reason=reason)
+    write_results(rfc, conf, benchmarks())
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "**`beta`** (4 tests, 1 reason)" in matrix
+    row = next(line for line in matrix.splitlines() if reason in line)
+    assert row.startswith("| C2, C3 | beta drops the last batch | ")
+    assert row.count("(all)") == 4  # each test failed for both variants of beta
+    assert matrix.count(reason) == 1
+
+
 def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rfc):
     assert run(rfc).returncode == 0
     before_matrix = (rfc / "generated" / "matrix.md").read_text()
@@ -266,3 +282,16 @@ def test_clause_tests_block_lists_each_clauses_test_functions_once(rfc):
     # every variant runs the same tests: each function is listed once per clause, with its case count
     assert "| C2 | Items | `test_c2.py::test_0` (1)<br>`test_c2.py::test_1` (1) |" in spec
     assert spec.count("test_c3.py::test_0") == 1
+
+
+def test_results_of_the_wrong_shape_are_rejected_once_at_load(rfc):
+    bench = benchmarks()
+    bench["scenarios"]["S2"] = [1.2, 1.7]  # rows must be objects
+    write_results(rfc, conformance(), bench)
+    result = run(rfc)
+    assert result.returncode == 2 and "scenario 'S2' must be a list of row objects" in result.stderr
+    conf = conformance()
+    del conf["results"][0]["test_id"]
+    write_results(rfc, conf, benchmarks())
+    result = run(rfc)
+    assert result.returncode == 2 and "results[0] must be an object with string 'design' and 'test_id'" in result.stderr

@@ -11,8 +11,10 @@ import copy
 import gc
 import itertools
 import math
+import re
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +132,7 @@ def assert_nothing_left(before: Running, grace_s: float = 10.0) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- trainer
+# The Trainer defaults of every test and benchmark (benchmarks/workloads.py builds its Trainers with them too).
 QUIET = dict(
     accelerator="cpu",
     devices=1,
@@ -276,14 +279,14 @@ class RecordingModule(pl.LightningModule):
         self.record.events.append(("on_train_epoch_start", self.current_epoch))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
-        self.record.events.append(("on_train_batch_start", _ids_or_none(batch), batch_idx))
+        self.record.events.append(("on_train_batch_start", ids_or_none(batch), batch_idx))
         if self.stop_epoch_at_step is not None and self.step_calls == self.stop_epoch_at_step:
             self.stop_epoch_at_step = None  # once: the hook is called again (without a step) in the next epoch
             return -1
         return None
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.record.events.append(("on_train_batch_end", _ids_or_none(batch), batch_idx))
+        self.record.events.append(("on_train_batch_end", ids_or_none(batch), batch_idx))
 
     def on_train_epoch_end(self) -> None:
         progress = self.trainer.fit_loop.epoch_loop.batch_progress
@@ -331,7 +334,7 @@ class RecordingModule(pl.LightningModule):
         return optimizer.steps_taken
 
 
-def _ids_or_none(batch: Any) -> tuple[int, ...] | None:
+def ids_or_none(batch: Any) -> tuple[int, ...] | None:
     try:
         return ids(batch)
     except (TypeError, IndexError, KeyError, AttributeError):
@@ -563,3 +566,24 @@ def assert_same_batches(actual: Sequence, expected: Sequence, what: str = "batch
         f"{what}: got {len(actual)} batches, expected {len(expected)}\n  got:      {list(actual)}\n"
         f"  expected: {list(expected)}"
     )
+
+
+def error_chain_text(error: BaseException) -> str:
+    """The error's text with its causes' (a design may wrap the user-facing message)."""
+    parts = []
+    while error is not None and len(parts) < 5:
+        parts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n  caused by ".join(parts)
+
+
+def assert_names_the_fix(message: str, *patterns: str, what: str) -> None:
+    missing = [p for p in patterns if not re.search(p, message, re.IGNORECASE)]
+    assert not missing, f"{what}: the error does not name the fix (no match for {missing}):\n  {message}"
+
+
+def warning_texts(run) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run()
+    return [str(w.message) for w in caught]

@@ -4,24 +4,25 @@
   ``--impl 'prefetcher[depth=4]'`` selects one variant). Conformance tests take a ``design`` argument and are
   parametrized over the selection.
 - Every conformance test carries ``@pytest.mark.clause("Cn")``; results aggregate per clause.
-- ``expected_failures/<design>.txt`` lists, per design, ``<file>::<test>[<params>]  # <reason>``. Entries
-  become strict xfails; an entry that matches no collected test is an error.
+- ``expected_failures/<design>.txt`` lists, per design, each reason followed by the test ids
+  (``<file>::<test>[<params>]``) it explains. Entries become strict xfails; an id that matches no collected test
+  is an error, and so is a listed test that passes.
 - At the end, a design x clause matrix of passed / expected-fail / failed; ``--results PATH`` writes JSON.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
+import os
 import platform
 import re
-import subprocess
 from collections import Counter, defaultdict
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from benchmarks.provenance import provenance
 
 # Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
 # The `design` fixture is an immutable registry entry, so sharing it across examples is safe.
@@ -126,18 +127,44 @@ def contract_id(item: pytest.Item) -> str:
 
 
 def load_expected_failures(design_name: str) -> dict[str, tuple[str, int]]:
-    """``{contract id: (reason, line number)}`` from the design's file; a line without a reason is an error."""
+    """``{contract id: (reason, line number)}`` from the design's file, grouped by reason::
+
+        reason: <why the design fails these tests>
+            <file>::<test>[<params without the design>]
+            <file>::<test>[<params without the design>]
+
+    A reason covers the indented ids under it. An id before any reason, a reason without ids, or an id listed
+    twice is an error; ``#`` starts a comment line.
+    """
     path = EXPECTED_FAILURES_DIR / f"{design_name}.txt"
     if not path.exists():
         return {}
-    entries = {}
+    entries: dict[str, tuple[str, int]] = {}
+    reason, reason_line, covered = None, 0, 0
+
+    def close_group() -> None:
+        if reason is not None and not covered:
+            raise pytest.UsageError(f"{path}:{reason_line}: reason {reason!r} covers no test id (indent the ids under it)")
+
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        test_id, _, reason = line.partition(" #")
-        if not reason.strip():
-            raise pytest.UsageError(f"{path}:{number}: expected failure {test_id.strip()!r} gives no reason")
-        entries[test_id.strip()] = (reason.strip(), number)
+        if line.startswith("reason:"):
+            close_group()
+            reason, reason_line, covered = line.removeprefix("reason:").strip(), number, 0
+            if not reason:
+                raise pytest.UsageError(f"{path}:{number}: empty reason")
+            continue
+        test_id = line.strip()
+        if reason is None or not line[0].isspace():
+            raise pytest.UsageError(
+                f"{path}:{number}: expected failure {test_id!r} gives no reason (indent it under a 'reason: ...' line)"
+            )
+        if test_id in entries:
+            raise pytest.UsageError(f"{path}:{number}: {test_id!r} is already listed on line {entries[test_id][1]}")
+        entries[test_id] = (reason, number)
+        covered += 1
+    close_group()
     return entries
 
 
@@ -242,15 +269,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         write(f"conformance results written to {results_path}")
 
 
-def _git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
-        return commit + ("-dirty" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def write_results(path: Path, state: _State) -> None:
     from prototypes import IMPLEMENTATIONS
 
@@ -262,15 +280,7 @@ def write_results(path: Path, state: _State) -> None:
     names = sorted({r["design"] for r in results})
     payload = dict(
         schema=1,
-        setup=dict(
-            machine=f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} CPUs",
-            python=platform.python_version(),
-            torch=version("torch"),
-            pytorch_lightning=version("pytorch-lightning"),
-            torchdata=version("torchdata"),
-            git_commit=_git_commit(),
-            generated_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        ),
+        setup=dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance()),
         clauses=CLAUSES,
         designs={name: dict(summary=IMPLEMENTATIONS[name].summary) for name in names},
         results=results,

@@ -32,9 +32,14 @@ class SeenExceptions(Callback):
 
 
 @pytest.fixture
-def restore_sigint():
-    # Lightning's interrupt path ignores SIGINT for the rest of the process ("user could press Ctrl+C many times").
-    handler = signal.getsignal(signal.SIGINT)
+def sigint_raises_keyboard_interrupt():
+    """Ctrl-C raises KeyboardInterrupt for the test's duration, however pytest was started; restored afterwards.
+
+    A process started in the background (``nohup``, ``&``) inherits SIGINT as ignored, so the signal the test
+    raises would never arrive; and Lightning's interrupt path ignores SIGINT for the rest of the process ("user
+    could press Ctrl+C many times").
+    """
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, handler)
 
@@ -54,7 +59,7 @@ class SignalledStep(IterStepModule):
 
 
 @pytest.mark.parametrize("workers", [0, 2], ids=lambda w: f"w{w}")
-def test_ctrl_c_takes_lightnings_interrupt_path(design, restore_sigint, workers):
+def test_ctrl_c_takes_lightnings_interrupt_path(design, sigint_raises_keyboard_interrupt, workers):
     seen = SeenExceptions()
     trainer = make_trainer(design, callbacks=[seen])
     before = Running.now()
@@ -65,7 +70,7 @@ def test_ctrl_c_takes_lightnings_interrupt_path(design, restore_sigint, workers)
     assert_nothing_left(before)
 
 
-def test_keyboard_interrupt_while_loading_takes_the_interrupt_path(design, restore_sigint):
+def test_keyboard_interrupt_while_loading_takes_the_interrupt_path(design, sigint_raises_keyboard_interrupt):
     # Raised where the batch is produced: for a prefetching design, in its background thread.
     seen = SeenExceptions()
     trainer = make_trainer(design, callbacks=[seen])

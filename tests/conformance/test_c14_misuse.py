@@ -36,32 +36,21 @@ from tests.conformance.harness import (
     RegularStepModule,
     SizedItems,
     UnsizedItems,
+    assert_names_the_fix,
     assert_same_batches,
+    error_chain_text,
     ids,
     loader_sequence,
     make_loader,
     make_trainer,
     stock_trainer,
+    warning_texts,
 )
 
 pytestmark = pytest.mark.clause("C14")
 
 # (b): a design must stop a run of empty step calls no later than this; C3's patterns have at most 5 in a row.
 SPIN_LIMIT = 200
-
-
-def _message(error: BaseException) -> str:
-    """The error's text with its causes' (a design may wrap the user-facing message)."""
-    parts = []
-    while error is not None and len(parts) < 5:
-        parts.append(f"{type(error).__name__}: {error}")
-        error = error.__cause__ or error.__context__
-    return "\n  caused by ".join(parts)
-
-
-def _assert_names(message: str, *patterns: str, what: str) -> None:
-    missing = [p for p in patterns if not re.search(p, message, re.IGNORECASE)]
-    assert not missing, f"{what}: the error does not name the fix (no match for {missing}):\n  {message}"
 
 
 # --------------------------------------------------------------------------------------------- (a) used after its step
@@ -101,7 +90,7 @@ def test_iterator_used_after_its_step_returned(design, where):
             batch, batch_idx, _ = next(module.kept)
             module.taken_outside.append((ids(batch), batch_idx))
     except Exception as error:
-        _assert_names(_message(error), r"dataloader_iter", r"after", r"inside|within|only in",
+        assert_names_the_fix(error_chain_text(error), r"dataloader_iter", r"after", r"inside|within|only in",
                       what=f"next() on step 0's iterator ({where})")
         return
     raise AssertionError(
@@ -150,7 +139,7 @@ def test_step_that_keeps_consuming_nothing_ends_with_an_error(design, kind, cons
         except _SpinGuard:
             raise
         except Exception as error:
-            _assert_names(_message(error), r"dataloader_iter|next\(", r"consum|no batch|progress",
+            assert_names_the_fix(error_chain_text(error), r"dataloader_iter|next\(", r"consum|no batch|progress",
                           what=f"after {module.empty_in_a_row} empty step calls")
             return
     # a warning about this run's unconsumed batches (not Lightning's generic advice on the flavour)
@@ -163,13 +152,6 @@ def test_step_that_keeps_consuming_nothing_ends_with_an_error(design, kind, cons
 
 
 # --------------------------------------------------------------------------------------------- (c) empty loader
-def _warning_texts(run) -> list[str]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run()
-    return [str(w.message) for w in caught]
-
-
 def _about_empty(texts: list[str]) -> set[str]:
     return {t for t in texts if re.search(r"zero|empty|no (training )?batch", t, re.IGNORECASE)}
 
@@ -179,11 +161,11 @@ def _about_empty(texts: list[str]) -> set[str]:
 def test_empty_loader_never_enters_the_step_and_says_so(design, kind):
     module = IterStepModule((1,))
     trainer = make_trainer(design, max_epochs=2)
-    texts = _warning_texts(lambda: trainer.fit(module, make_loader(kind, n_items=0)))
+    texts = warning_texts(lambda: trainer.fit(module, make_loader(kind, n_items=0)))
     assert module.step_calls == 0, (
         f"the step was entered {module.step_calls} times on an empty loader; its next() raised StopIteration"
     )
-    regular = _warning_texts(lambda: stock_trainer(max_epochs=2).fit(RegularStepModule(), make_loader(kind, n_items=0)))
+    regular = warning_texts(lambda: stock_trainer(max_epochs=2).fit(RegularStepModule(), make_loader(kind, n_items=0)))
     quieter = _about_empty(regular) - _about_empty(texts)
     assert not quieter, f"the regular flavour warns about the empty loader and this one does not: {sorted(quieter)}"
 
@@ -293,7 +275,7 @@ def test_step_taking_a_batch_and_dataloader_iter_is_refused(design, module_class
     assert module.step_calls == 0 and not module.record.received, (
         f"{hook} ran {module.step_calls} times and consumed {module.record.received} before the error"
     )
-    _assert_names(_message(caught.value), r"dataloader_iter", rf"\b{other}\b",
+    assert_names_the_fix(error_chain_text(caught.value), r"dataloader_iter", rf"\b{other}\b",
                   r"\bonly\b|\beither\b|\bremove\b|\bdrop\b|not both|instead",
                   what=f"{hook} taking {other!r} and dataloader_iter")
 
@@ -326,7 +308,7 @@ def _check_stray_stop_iteration_is_an_error(design, module, kind):
     try:
         make_trainer(design).fit(module, make_loader(kind))
     except Exception as error:
-        _assert_names(_message(error), r"StopIteration", r"catch|only from|\bdone\b",
+        assert_names_the_fix(error_chain_text(error), r"StopIteration", r"catch|only from|\bdone\b",
                       what="a StopIteration from the step's own iterator at step call 2")
         return
     sequence = loader_sequence(make_loader(kind))

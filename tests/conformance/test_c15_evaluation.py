@@ -26,168 +26,12 @@ enforce it (no call spans two loaders, ``done`` at each loader's end).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
-import torch
 
-from tests.conformance.harness import (
-    KINDS,
-    IterStepModule,
-    _ids_or_none,
-    assert_same_batches,
-    ids,
-    loader_sequence,
-    make_loader,
-    make_trainer,
-    split_by_pattern,
-)
+from tests.conformance.evaluation import STAGES, EvalIterModule, only_runs, run_stage, triples
+from tests.conformance.harness import KINDS, assert_same_batches, make_loader, split_by_pattern
 
 pytestmark = [pytest.mark.clause("C15"), pytest.mark.timeout(30)]
-
-STAGES = ["validate", "test", "predict", "sanity", "fit"]
-FIT_EPOCHS = 2  # validation during fit runs at the end of each epoch: the second run must start afresh
-
-
-# --------------------------------------------------------------------------------------------------- recording
-@dataclass
-class EvalRun:
-    """One evaluation run (an evaluation epoch) as the user's evaluation step and hooks saw it."""
-
-    stage: str  # "validation", "test" or "predict"
-    sanity: bool
-    steps: list[list[tuple]] = field(default_factory=list)  # per step call: (ids, batch_idx, dataloader_idx)
-    done_after_next: list[bool] = field(default_factory=list)
-    hooks: list[tuple] = field(default_factory=list)  # ("start" | "end", ids, batch_idx) per batch hook call
-    completed: int | None = None  # the running loop's batch_progress.current.completed at the epoch end
-
-    @property
-    def received(self) -> list[tuple]:
-        return [b for step in self.steps for b in step]
-
-
-def _running_loop(trainer, stage: str):
-    if stage == "predict":
-        return trainer.predict_loop
-    if stage == "test":
-        return trainer.test_loop
-    if trainer.state.fn == "fit":
-        return trainer.fit_loop.epoch_loop.val_loop
-    return trainer.validate_loop
-
-
-class EvalIterModule(IterStepModule):
-    """Trains one batch per step; each evaluation step calls ``next()`` ``pattern[k % len(pattern)]`` times in call k
-    of its run and records what it received."""
-
-    def __init__(self, pattern=(1,)) -> None:
-        super().__init__((1,))
-        self.eval_pattern = tuple(pattern)
-        self.runs: list[EvalRun] = []
-        self._calls_in_run = 0
-
-    def _start(self, stage: str) -> None:
-        self.runs.append(EvalRun(stage, bool(self.trainer.sanity_checking)))
-        self._calls_in_run = 0
-
-    def _end(self, stage: str) -> None:
-        self.runs[-1].completed = _running_loop(self.trainer, stage).batch_progress.current.completed
-
-    def _eval_step(self, dataloader_iter):
-        run = self.runs[-1]
-        call = self._calls_in_run
-        self._calls_in_run += 1
-        received: list[tuple] = []
-        run.steps.append(received)
-        for _ in range(self.eval_pattern[call % len(self.eval_pattern)]):
-            # A StopIteration here propagates: C5 says it ends the run (or this dataloader's part of it) cleanly.
-            batch, batch_idx, dataloader_idx = next(dataloader_iter)
-            received.append((ids(batch), batch_idx, dataloader_idx))
-            run.done_after_next.append(bool(dataloader_iter.done))
-        return torch.zeros(())
-
-    def validation_step(self, dataloader_iter):
-        return self._eval_step(dataloader_iter)
-
-    def test_step(self, dataloader_iter):
-        return self._eval_step(dataloader_iter)
-
-    def predict_step(self, dataloader_iter):
-        return self._eval_step(dataloader_iter)
-
-    def on_validation_epoch_start(self) -> None:
-        self._start("validation")
-
-    def on_validation_epoch_end(self) -> None:
-        self._end("validation")
-
-    def on_test_epoch_start(self) -> None:
-        self._start("test")
-
-    def on_test_epoch_end(self) -> None:
-        self._end("test")
-
-    def on_predict_epoch_start(self) -> None:
-        self._start("predict")
-
-    def on_predict_epoch_end(self) -> None:
-        self._end("predict")
-
-    def _hook(self, which: str, batch, batch_idx) -> None:
-        if self.runs:
-            self.runs[-1].hooks.append((which, _ids_or_none(batch), batch_idx))
-
-    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
-        self._hook("start", batch, batch_idx)
-
-    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
-        self._hook("end", batch, batch_idx)
-
-    def on_test_batch_start(self, batch, batch_idx, dataloader_idx=0):
-        self._hook("start", batch, batch_idx)
-
-    def on_test_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
-        self._hook("end", batch, batch_idx)
-
-    def on_predict_batch_start(self, batch, batch_idx, dataloader_idx=0):
-        self._hook("start", batch, batch_idx)
-
-    def on_predict_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
-        self._hook("end", batch, batch_idx)
-
-
-def run_stage(design, stage: str, module: EvalIterModule, loaders, **trainer_kwargs) -> list[EvalRun]:
-    """Run ``module``'s evaluation step through ``design`` in ``stage``; the runs of that stage, in order."""
-    if stage in ("validate", "test", "predict"):
-        trainer = make_trainer(design, **trainer_kwargs)
-        if stage == "predict":
-            trainer.predict(module, loaders)
-        else:
-            getattr(trainer, stage)(module, loaders, verbose=False)
-        return module.runs
-    train = make_loader("sized", n_items=2)  # one training batch per epoch: the evaluation is under test
-    if stage == "sanity":
-        # all validation batches in the sanity check (-1) unless the test says otherwise; no validation after it
-        kwargs = {**dict(num_sanity_val_steps=-1, check_val_every_n_epoch=100), **trainer_kwargs}
-        make_trainer(design, **kwargs).fit(module, train, loaders)
-        return [run for run in module.runs if run.sanity]
-    make_trainer(design, max_epochs=FIT_EPOCHS, **trainer_kwargs).fit(module, train, loaders)
-    return [run for run in module.runs if not run.sanity]
-
-
-def _expected_runs(stage: str) -> int:
-    return FIT_EPOCHS if stage == "fit" else 1
-
-
-def _triples(loader, dataloader_idx: int = 0) -> list[tuple]:
-    return [(batch, index, dataloader_idx) for index, batch in enumerate(loader_sequence(loader))]
-
-
-def _only_runs(runs: list[EvalRun], stage: str) -> list[EvalRun]:
-    assert len(runs) == _expected_runs(stage), (
-        f"{stage}: {len(runs)} evaluation runs recorded, expected {_expected_runs(stage)}"
-    )
-    return runs
 
 
 # --------------------------------------------------------------------------------------------------- one dataloader
@@ -195,24 +39,24 @@ def _only_runs(runs: list[EvalRun], stage: str) -> list[EvalRun]:
 @pytest.mark.parametrize("kind", KINDS)
 def test_next_returns_each_batch_once_in_order_with_its_index(design, stage, kind):
     # 0, 1 or 3 batches per call over 7 batches: empty calls, several batches per call, the last call cut short
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((0, 1, 3)), make_loader(kind)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((0, 1, 3)), make_loader(kind)), stage)
     for number, run in enumerate(runs):
-        assert_same_batches(run.received, _triples(make_loader(kind)), f"{stage} run {number}: (ids, batch_idx, dl)")
+        assert_same_batches(run.received, triples(make_loader(kind)), f"{stage} run {number}: (ids, batch_idx, dl)")
 
 
 @pytest.mark.parametrize("stage", ["validate", "fit"])
 def test_workers_unsized_loader_each_batch_once(design, stage):
     loader = make_loader("unsized", num_workers=2)
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((2,)), loader), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((2,)), loader), stage)
     for number, run in enumerate(runs):
-        assert_same_batches(run.received, _triples(make_loader("unsized", num_workers=2)), f"{stage} run {number}")
+        assert_same_batches(run.received, triples(make_loader("unsized", num_workers=2)), f"{stage} run {number}")
 
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_step_never_entered_when_no_batch_remains(design, stage, kind):
     # 16 items = 8 batches, 2 per call: every call has both its batches
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((2,)), make_loader(kind, n_items=16)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((2,)), make_loader(kind, n_items=16)), stage)
     for number, run in enumerate(runs):
         sizes = [len(step) for step in run.steps]
         assert sizes == [2] * 4, (
@@ -224,7 +68,7 @@ def test_step_never_entered_when_no_batch_remains(design, stage, kind):
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_done_is_true_exactly_once_the_last_batch_is_handed_out(design, stage, kind):
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((2,)), make_loader(kind, n_items=16)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((2,)), make_loader(kind, n_items=16)), stage)
     for number, run in enumerate(runs):
         assert run.done_after_next == [False] * 7 + [True], (
             f"{stage} run {number}: done after each next() (batch_idx 0..7): {run.done_after_next}"
@@ -235,9 +79,9 @@ def test_done_is_true_exactly_once_the_last_batch_is_handed_out(design, stage, k
 @pytest.mark.parametrize("kind", KINDS)
 def test_stop_iteration_in_step_ends_the_run_cleanly(design, stage, kind):
     # 7 batches, 3 per call: the third call receives batch 6, then next() raises StopIteration
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((3,)), make_loader(kind)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((3,)), make_loader(kind)), stage)
     for number, run in enumerate(runs):
-        assert_same_batches(run.received, _triples(make_loader(kind)), f"{stage} run {number}")
+        assert_same_batches(run.received, triples(make_loader(kind)), f"{stage} run {number}")
         assert run.completed is not None, f"{stage} run {number}: the epoch-end hook never ran"
 
 
@@ -245,7 +89,7 @@ def test_stop_iteration_in_step_ends_the_run_cleanly(design, stage, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_completed_progress_equals_batches_consumed(design, stage, kind):
     # 3 per call over 7 batches: 3, 3, then 1 in a call cut short by StopIteration
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((3,)), make_loader(kind)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((3,)), make_loader(kind)), stage)
     for number, run in enumerate(runs):
         consumed = len(run.received)
         assert run.completed == consumed, (
@@ -258,8 +102,8 @@ def test_completed_progress_equals_batches_consumed(design, stage, kind):
 @pytest.mark.parametrize("n", [2, 3])
 def test_num_sanity_val_steps_counts_batches(design, kind, n):
     module = EvalIterModule((2,))
-    runs = _only_runs(run_stage(design, "sanity", module, make_loader(kind), num_sanity_val_steps=n), "sanity")
-    assert_same_batches(runs[0].received, _triples(make_loader(kind))[:n], f"sanity check, num_sanity_val_steps={n}")
+    runs = only_runs(run_stage(design, "sanity", module, make_loader(kind), num_sanity_val_steps=n), "sanity")
+    assert_same_batches(runs[0].received, triples(make_loader(kind))[:n], f"sanity check, num_sanity_val_steps={n}")
     assert runs[0].completed == n, f"sanity check: batch_progress.current.completed {runs[0].completed}, expected {n}"
 
 
@@ -270,13 +114,13 @@ def _two_loaders(kind: str):
 
 def _triples_of_both(kind: str) -> list[tuple]:
     first, second = _two_loaders(kind)
-    return _triples(first, 0) + _triples(second, 1)
+    return triples(first, 0) + triples(second, 1)
 
 
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("kind", KINDS)
 def test_multiple_dataloaders_each_sequence_once_with_its_dataloader_idx(design, stage, kind):
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((3,)), _two_loaders(kind)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((3,)), _two_loaders(kind)), stage)
     for number, run in enumerate(runs):
         assert_same_batches(run.received, _triples_of_both(kind), f"{stage} run {number}: (ids, batch_idx, dl)")
 
@@ -284,7 +128,7 @@ def test_multiple_dataloaders_each_sequence_once_with_its_dataloader_idx(design,
 @pytest.mark.parametrize("stage", STAGES)
 def test_multiple_dataloaders_one_step_call_one_dataloader(design, stage):
     # 3 per call over 7 and 5 batches: per dataloader the calls take 3, 3, 1 (cut short) and 3, 2 (cut short)
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((3,)), _two_loaders("sized")), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((3,)), _two_loaders("sized")), stage)
     for number, run in enumerate(runs):
         for call, step in enumerate(run.steps):
             assert len({b[2] for b in step}) <= 1, (
@@ -296,7 +140,7 @@ def test_multiple_dataloaders_one_step_call_one_dataloader(design, stage):
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_multiple_dataloaders_done_at_the_end_of_each(design, stage):
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((1,)), _two_loaders("sized")), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((1,)), _two_loaders("sized")), stage)
     for number, run in enumerate(runs):
         expected = [False] * 6 + [True] + [False] * 4 + [True]
         assert run.done_after_next == expected, (
@@ -307,7 +151,7 @@ def test_multiple_dataloaders_done_at_the_end_of_each(design, stage):
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_multiple_dataloaders_progress_counts_batches(design, stage):
-    runs = _only_runs(run_stage(design, stage, EvalIterModule((3,)), _two_loaders("sized")), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule((3,)), _two_loaders("sized")), stage)
     for number, run in enumerate(runs):
         assert len(run.received) == 12, f"{stage} run {number}: received {len(run.received)} batches of 12"
         assert run.completed == 12, (
@@ -320,7 +164,7 @@ def test_multiple_dataloaders_progress_counts_batches(design, stage):
 @pytest.mark.parametrize("pattern", [(1,), (2,)], ids=str)
 def test_batch_hooks_get_the_first_and_last_batch_of_their_step_call(design, stage, pattern):
     # As C8 for training: the start hook sees the batch the call receives first, the end hook the last it received.
-    runs = _only_runs(run_stage(design, stage, EvalIterModule(pattern), make_loader("sized", n_items=16)), stage)
+    runs = only_runs(run_stage(design, stage, EvalIterModule(pattern), make_loader("sized", n_items=16)), stage)
     for number, run in enumerate(runs):
         expected = [
             hook for step in run.steps if step

@@ -50,8 +50,10 @@ class Counting:
     def __init__(self, n: int, fail_at: int | None = None, delay: float = 0.0) -> None:
         self.n, self.fail_at, self.delay = n, fail_at, delay
         self.produced = 0
+        self.entered = threading.Event()  # set once the first produce call has begun
 
     def __call__(self) -> int:
+        self.entered.set()
         if self.produced == self.fail_at:
             raise OddError(self.produced, "broken item")
         if self.produced >= self.n:
@@ -93,16 +95,29 @@ def test_queue_hands_out_everything_in_order_then_keeps_raising_stop_iteration(d
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("depth", [1, 2, 4])
 def test_queue_never_runs_more_than_depth_ahead_of_releases(depth):
-    source = Counting(100)
+    released = 0
+    ahead_at_each_call: list[int] = []  # items produced and not yet released, whenever another is about to be made
+
+    class Watched(Counting):
+        def __call__(self) -> int:
+            ahead_at_each_call.append(self.produced - released)
+            return super().__call__()
+
+    source = Watched(30)
     prefetcher = Prefetcher(source, depth)
     prefetcher.start()
-    for released in range(5):
-        assert wait_until(lambda: source.produced == depth + released), f"produced {source.produced}"
-        time.sleep(0.05)  # give an unbounded producer the chance to overshoot
-        assert source.produced == depth + released
-        prefetcher.get()
+    assert wait_until(lambda: source.produced == depth), f"produced {source.produced} before any release"
+    while True:
+        try:
+            prefetcher.get()
+        except StopIteration:
+            break
+        released += 1  # counted before the release, so the producer never sees a release the count lacks
         prefetcher.release()
     prefetcher.shutdown()
+    assert source.produced == 30
+    # a bounded producer starts item k + depth only after k releases; an unbounded one would run far ahead
+    assert max(ahead_at_each_call) < depth, ahead_at_each_call
 
 
 def test_depth_zero_starts_no_thread_and_produces_on_demand():
@@ -147,7 +162,7 @@ def test_shutdown_waits_for_a_produce_call_in_progress():
     source = Counting(1000, delay=0.3)
     prefetcher = Prefetcher(source, 2)
     prefetcher.start()
-    time.sleep(0.05)  # the thread is inside the first (slow) produce call
+    assert source.entered.wait(timeout=10), "the producer never started"  # it is inside the first (slow) call
     prefetcher.shutdown()
     assert not prefetch_threads(), "shutdown returned while the thread was still running"
     assert source.produced == 1
@@ -252,26 +267,37 @@ def test_a_dataset_error_keeps_its_type_and_traceback_and_the_trainer_can_run_ag
 
 # ------------------------------------------------------------------------------------------------ loader state
 class RecordsState(IterStepModule):
-    """Records, after each next(), the loader state a checkpoint would record and the loader's live state."""
+    """Records, after each next(), the loader state a checkpoint would record and the loader's live state.
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    With ``wait_for_look_ahead`` each step first waits until the loader has yielded a batch the step has not
+    consumed yet (while batches remain), so the recorded state is taken while the producer is ahead.
+    """
+
+    def __init__(self, pattern, n_batches: int, wait_for_look_ahead: bool) -> None:
+        super().__init__(pattern)
+        self.n_batches, self.wait_for_look_ahead = n_batches, wait_for_look_ahead
         self.recorded: list[int] = []
         self.live: list[int] = []
 
     def training_step(self, dataloader_iter):
         out = super().training_step(dataloader_iter)
-        time.sleep(0.02)  # let the producer run ahead
         fit_loop = self.trainer.fit_loop
+
+        def live() -> int:
+            return fit_loop._combined_loader.flattened[0].state_dict()["_num_yielded"]
+
+        consumed = len(self.record.received)
+        if self.wait_for_look_ahead and consumed < self.n_batches:
+            assert wait_until(lambda: live() > consumed), f"the loader never ran ahead of batch {consumed}"
         self.recorded.append(fit_loop.on_save_checkpoint()["combined_loader"][0]["_num_yielded"])
-        self.live.append(fit_loop._combined_loader.flattened[0].state_dict()["_num_yielded"])
+        self.live.append(live())
         return out
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_checkpointed_loader_state_matches_the_consumed_batches(depth):
-    module = RecordsState((1, 2))
+    module = RecordsState((1, 2), n_batches=10, wait_for_look_ahead=depth > 0)
     quiet_trainer(depth).fit(module, StatefulDataLoader(SizedItems(20), batch_size=2))
     consumed = [sum(len(s) for s in module.record.steps[: k + 1]) for k in range(len(module.record.steps))]
     assert module.recorded == consumed
@@ -363,60 +389,66 @@ def test_regular_flavour_keeps_lightnings_own_fetcher():
 
 
 # ------------------------------------------------------------------------------------------------ overlap
-class SlowItems(Dataset):
-    def __init__(self, n: int, delay: float) -> None:
-        self.n, self.delay = n, delay
+# A batch is handed out once the one after it is loaded (to know whether it is the last: ``done``), so a loader
+# that only ever loads inside ``next()`` still loads one batch ahead; overlap means loading further than that.
+AHEAD = 2
+
+
+class LoadsNeedARunningStep(Dataset):
+    """Item ``i`` (``i >= AHEAD``) can only be loaded while step ``i - AHEAD`` runs (after its ``next()``): a loader
+    that does not run alongside the step cannot produce it, and its load is recorded as waited in vain."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.step_running = [threading.Event() for _ in range(n)]
+        self.loaded = [threading.Event() for _ in range(n)]
+        self.waited_in_vain: list[int] = []
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int):
-        time.sleep(self.delay)
+        if i >= AHEAD and not self.step_running[i - AHEAD].wait(timeout=10):
+            self.waited_in_vain.append(i)
+        self.loaded[i].set()
         return item(i)
 
 
-class SlowStep(IterStepModule):
-    """Sleeps ``delay`` in each step and measures the epoch from its start hook to its end hook."""
+class WaitsForALoadAhead(IterStepModule):
+    """Step ``k`` takes batch ``k``, says it is running, then waits for batch ``k + AHEAD`` to be loaded."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, dataset: LoadsNeedARunningStep) -> None:
         super().__init__((1,))
-        self.delay = delay
-        self.epoch_seconds = 0.0
-
-    def on_train_epoch_start(self) -> None:
-        super().on_train_epoch_start()
-        self.epoch_seconds = -time.perf_counter()
+        self.dataset = dataset
+        self.loaded_while_running: list[bool] = []
 
     def training_step(self, dataloader_iter):
         out = super().training_step(dataloader_iter)
-        time.sleep(self.delay)
+        k = len(self.record.received) - 1
+        self.dataset.step_running[k].set()
+        if k + AHEAD < self.dataset.n:
+            self.loaded_while_running.append(self.dataset.loaded[k + AHEAD].wait(timeout=10))
         return out
-
-    def on_train_epoch_end(self) -> None:
-        super().on_train_epoch_end()
-        self.epoch_seconds += time.perf_counter()
 
 
 @pytest.mark.timeout(60)
 def test_loading_overlaps_the_step():
-    # Loading and the step each take L per batch: serially an epoch costs about 2 * L * n, overlapped (n + 1) * L.
-    delay, n = 0.04, 12
-
-    def epoch_seconds(depth: int) -> float:
-        module = SlowStep(delay)
-        quiet_trainer(depth).fit(module, DataLoader(SlowItems(n, delay), batch_size=1))
-        assert len(module.record.received) == n
-        return module.epoch_seconds
-
-    serial, overlapped = epoch_seconds(0), epoch_seconds(2)
-    assert overlapped < 0.8 * serial, f"an epoch at depth 2 took {overlapped:.2f}s, serially (depth 0) {serial:.2f}s"
+    # No clock: each batch from the third on can only be loaded while the step two batches earlier runs, and each
+    # step waits for that load. Only a loader running alongside the step satisfies both without timing out.
+    n = 6
+    dataset = LoadsNeedARunningStep(n)
+    module = WaitsForALoadAhead(dataset)
+    quiet_trainer(2).fit(module, DataLoader(dataset, batch_size=1))
+    assert module.record.received == [(i,) for i in range(n)]
+    assert not dataset.waited_in_vain, f"items {dataset.waited_in_vain} were loaded only after their step had ended"
+    assert module.loaded_while_running == [True] * (n - AHEAD), module.loaded_while_running
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream path needs CUDA")
 def test_cuda_batches_arrive_on_the_device_from_the_side_stream():
     module = IterStepModule((2,))
     make_trainer(PREFETCHER, accelerator="cuda").fit(module, make_loader(n_items=32, num_workers=2))
-    assert module.record.devices and all(device.type == "cuda" for device in module.record.devices)
+    assert module.record.placements and all(device.type == "cuda" for device, _ in module.record.placements)
     assert module.record.received == [tuple(range(i, i + 2)) for i in range(0, 32, 2)]
 
 

@@ -1,0 +1,137 @@
+"""Markdown pieces every block uses: escaped table cells, code spans, tables, setup lines, number formatting."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+_CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
+
+
+def cell(value: Any) -> str:
+    """Text safe inside a Markdown table cell: no cell breaks, no stray HTML or emphasis; `code` stays code."""
+    text = str(value).replace("\n", " ").strip()
+    out, last = [], 0
+    for m in _CODE_SPAN_RE.finditer(text):
+        out.append(_escape_prose(text[last:m.start()]))
+        out.append(m.group(0))  # Python-Markdown's tables keep a pipe inside a code span in its cell
+        last = m.end()
+    out.append(_escape_prose(text[last:]))
+    return "".join(out)
+
+
+def _escape_prose(text: str) -> str:
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+    return text.replace("&", "&amp;").replace("<", "&lt;")
+
+
+def code(text: str) -> str:
+    text = str(text).replace("\n", " ")
+    fence = "``" if "`" in text else "`"
+    pad = " " if fence == "``" else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def table(headers: list[str], rows: Iterable[list[str]], align: list[str] | None = None) -> str:
+    align = align or ["---"] * len(headers)
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def no_results(what: str, command: str) -> str:
+    return f"> **No {what} yet:** run `{command}`, commit the JSON, then re-render with `python rfc/render.py`."
+
+
+def _commit_text(setup: dict[str, Any]) -> str | None:
+    commit = str(setup.get("git_commit") or "")
+    if not commit:
+        return None
+    dirty = commit.endswith("-dirty") or setup.get("git_dirty") is True
+    commit = commit.removesuffix("-dirty")
+    return f"commit {code(commit[:12])}" + (" (with uncommitted changes)" if dirty else "")
+
+
+SETUP_LABELS = [
+    ("machine", "machine"),
+    ("cpu_count", "CPUs"),
+    ("torch_threads", "torch threads"),
+    ("python", "Python"),
+    ("torch", "torch"),
+    ("pytorch_lightning", "pytorch-lightning"),
+    ("torchdata", "torchdata"),
+    ("pytest_benchmark", "pytest-benchmark"),
+]
+SETUP_HIDDEN = {"git_commit", "git_dirty", "generated_at", "machine_kind"}
+
+
+def setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> str:
+    """One line: machine, versions, commit, when; from a results file's ``setup``."""
+    parts = []
+    for key, label in SETUP_LABELS:
+        if key in setup and setup[key] not in (None, ""):
+            parts.append(f"{label} {code(setup[key])}" if key == "machine" else f"{label} {setup[key]}")
+    known = {k for k, _ in SETUP_LABELS} | SETUP_HIDDEN
+    for key in sorted(set(setup) - known):  # anything the producer adds later still shows
+        if isinstance(setup[key], (str, int, float)) and not isinstance(setup[key], bool) and setup[key] != "":
+            parts.append(f"{key} {setup[key]}")
+    commit = _commit_text(setup)
+    if commit:
+        parts.append(commit)
+    if setup.get("generated_at"):
+        parts.append(f"run {setup['generated_at']}")
+    if mode:
+        parts.append(f"mode {code(mode)}")
+    line = f"*Setup ({source}):* " + "; ".join(parts) + "."
+    if mode and mode != "measure":
+        line += (f"\n\n> **Not a measurement:** this file comes from a `{mode}` run, not a `measure` run; re-run "
+                 "the benchmarks in measure mode (see `benchmarks/README.md`) before reading figures from it.")
+    return line
+
+
+def bench_setup(data: dict[str, Any], kind: str) -> str:
+    notes = data.get("notes") or {}
+    mode = notes.get("mode") if isinstance(notes.get("mode"), str) else None
+    line = setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json", mode)
+    if isinstance(notes.get("warning"), str) and notes["warning"].strip():
+        line += f"\n\n> **The run warns:** {cell(notes['warning'])}"
+    status = notes.get("pytest_exitstatus")
+    if isinstance(status, int) and not isinstance(status, bool) and status != 0:
+        line += (f"\n\n> **The run did not pass:** pytest exited with status {status}, so at least one of the "
+                 "benchmarks' own assertions failed in that run.")
+    return line
+
+
+def fmt_number(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return "–"
+        k = key.lower()
+        if "diff" in k:
+            return f"{value:.3g}"
+        if k.endswith("_mb") or k.endswith("_mib"):
+            return f"{value:.1f}"
+        if any(w in k for w in ("efficiency", "speedup", "overhead", "ratio", "_over_")):
+            return f"{value:.2f}"
+        mag = abs(value)
+        if mag >= 100:
+            return f"{value:.0f}"
+        if mag >= 10:
+            return f"{value:.1f}"
+        if mag >= 1:
+            return f"{value:.2f}"
+        return f"{value:.3f}"
+    if value is None:
+        return "–"
+    return cell(value)
+
+
+def relative_link(target: Path, page_dir: Path) -> str:
+    return Path(os.path.relpath(target, page_dir)).as_posix()

@@ -1,0 +1,106 @@
+"""The results a render reads, loaded and checked once: after ``load_inputs`` every block may rely on the shapes below.
+
+* ``conformance.json``: ``{"schema": 1, "setup": {...}, "results": [{"design", "test_id", ...}], "clauses"?, "designs"?}``
+* ``benchmarks-<kind>.json``: ``{"schema": 1, "setup"?: {...}, "scenarios": {name: [row, ...]}, "targets"?, "notes"?}``
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFORMANCE_FILE = "conformance.json"
+BENCHMARK_GLOB = "benchmarks-*.json"
+CONFORMANCE_COMMAND = "pytest tests/conformance --results rfc/results/conformance.json"
+BENCHMARK_COMMAND = "pytest --benchmark-only"  # writes rfc/results/benchmarks-<BENCHMARKS_MACHINE_KIND or python>.json
+SUPPORTED_SCHEMA = 1
+
+PASS, XFAIL, FAIL, SKIP = "passed", "expected failure", "failure", "skipped"
+OUTCOME_KIND = {
+    "passed": PASS,
+    "xfailed": XFAIL,
+    "failed": FAIL,
+    "error": FAIL,
+    "xpassed": FAIL,  # strict xfail: a design that starts passing must drop its expected-failure line
+    "skipped": SKIP,
+}
+
+
+class RenderError(Exception):
+    """A problem with the inputs (malformed JSON, unknown block, unbalanced markers); reported without traceback."""
+
+
+@dataclass
+class Inputs:
+    """What a render reads: the results and where pages live."""
+
+    rfc_dir: Path
+    results_dir: Path
+    out_dir: Path
+    command: str
+    conformance: dict[str, Any] | None = None
+    benchmarks: dict[str, dict[str, Any]] = field(default_factory=dict)  # machine kind -> results
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RenderError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise RenderError(f"{path}: expected a JSON object at the top level")
+    schema = data.get("schema")
+    if schema != SUPPORTED_SCHEMA:
+        raise RenderError(f"{path}: schema {schema!r} is not supported (this renderer reads schema {SUPPORTED_SCHEMA})")
+    return data
+
+
+def _require(ok: bool, path: Path, what: str) -> None:
+    if not ok:
+        raise RenderError(f"{path}: {what}")
+
+
+def _validate_conformance(data: dict[str, Any], path: Path) -> None:
+    for key in ("setup", "results"):
+        _require(key in data, path, f"missing {key!r}")
+    _require(isinstance(data["setup"], dict), path, "'setup' must be an object")
+    _require(isinstance(data["results"], list), path, "'results' must be a list")
+    for i, result in enumerate(data["results"]):
+        _require(isinstance(result, dict) and isinstance(result.get("design"), str)
+                 and isinstance(result.get("test_id"), str), path,
+                 f"results[{i}] must be an object with string 'design' and 'test_id'")
+    for key in ("clauses", "designs"):
+        _require(isinstance(data.get(key) or {}, dict), path, f"{key!r} must be an object")
+
+
+def _validate_benchmarks(data: dict[str, Any], path: Path) -> None:
+    _require("scenarios" in data, path, "missing 'scenarios'")
+    _require(isinstance(data["scenarios"], dict), path, "'scenarios' must be an object")
+    for scenario, rows in data["scenarios"].items():
+        _require(isinstance(rows, list) and all(isinstance(r, dict) for r in rows), path,
+                 f"scenario {scenario!r} must be a list of row objects")
+    _require(isinstance(data.get("setup") or {}, dict), path, "'setup' must be an object")
+    _require(isinstance(data.get("notes") or {}, dict), path, "'notes' must be an object")
+    targets = data.get("targets") or {}
+    _require(isinstance(targets, dict), path, "'targets' must be an object")
+    for scenario, spec in targets.items():
+        _require(isinstance(spec, dict) and isinstance(spec.get("results") or [], list)
+                 and all(isinstance(r, dict) for r in spec.get("results") or []), path,
+                 f"target {scenario!r} must be an object whose 'results' is a list of objects")
+
+
+def load_inputs(rfc_dir: Path, results_dir: Path, out_dir: Path, command: str) -> Inputs:
+    inputs = Inputs(rfc_dir=rfc_dir, results_dir=results_dir, out_dir=out_dir, command=command)
+    conformance = results_dir / CONFORMANCE_FILE
+    if conformance.is_file():
+        inputs.conformance = _load_json(conformance)
+        _validate_conformance(inputs.conformance, conformance)
+    # the CPU machine kind ("python") first, then the others (e.g. GPU kinds) by name
+    for path in sorted(results_dir.glob(BENCHMARK_GLOB), key=lambda p: (p.stem != "benchmarks-python", p.name)):
+        kind = path.stem[len("benchmarks-"):]
+        data = _load_json(path)
+        _validate_benchmarks(data, path)
+        inputs.benchmarks[kind] = data
+    return inputs
