@@ -50,6 +50,7 @@ CLAUSES = {
     "C14": "Misuse",
     "C15": "Evaluation steps",
     "C16": "Distributed",
+    "C18": "Lightning's own features",
 }
 OUTCOMES = ("passed", "xfailed", "failed")
 
@@ -152,7 +153,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         clause = item.get_closest_marker("clause")
         if clause is None or clause.args[0] not in CLAUSES:
-            raise pytest.UsageError(f"{item.nodeid}: every conformance test needs @pytest.mark.clause('C1'..'C16')")
+            raise pytest.UsageError(
+                f"{item.nodeid}: every conformance test needs @pytest.mark.clause(...) naming one of {', '.join(CLAUSES)}"
+            )
         design = item.callspec.params["design"]
         cid = contract_id(item)
         collected_files.add(item.path.name)
