@@ -336,10 +336,12 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         batch_idx = self.batch_progress.current.ready
         trainer._logger_connector.on_batch_start(batch)
         self._step_batches = []
+        self._step_calls += 1  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
         call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
         response = call._call_lightning_module_hook(trainer, "on_train_batch_start", batch, batch_idx)
         call._call_strategy_hook(trainer, "on_train_batch_start", batch, batch_idx)
         if response == -1:
+            self._step_calls -= 1  # the call does not happen
             self.batch_progress.is_last_batch = True
             raise StopIteration  # how `_TrainingEpochLoop.run` is told to end the epoch; nothing was consumed
 
@@ -373,7 +375,6 @@ class IteratorTrainingEpochLoop(_TrainingEpochLoop):
         """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
         assert self._batches is not None
         trainer = self.trainer
-        self._step_calls += 1
         consumed_before = self.batch_progress.current.ready
         dataloader_iter = StepIterator(self._batches, self._hand_out)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
@@ -630,6 +631,19 @@ class IteratorPredictionLoop(_EvaluationStepsPullBatches, _PredictionLoop):
 
 class IteratorFitLoop(_FitLoop):
     """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
+
+    @property
+    def batch_idx(self) -> int:
+        """When the training step pulls batches, the running step call's index in the epoch; otherwise Lightning's.
+
+        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
+        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
+        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
+        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
+        """
+        if self.epoch_loop._steps_pull_batches:
+            return self.epoch_loop._step_calls - 1
+        return super().batch_idx
 
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()

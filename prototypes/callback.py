@@ -129,15 +129,24 @@ class BatchFeed:
         self.consumed = self.steps = self.dataloader_idx = 0
         self.lookahead = None
 
-    def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+    def begin_step(
+        self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule, fresh: bool
+    ) -> bool:
         """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
-        (Lightning makes a new one each epoch and each evaluation run)."""
-        self.steps += 1
+        (Lightning makes a new one each epoch and each evaluation run). ``fresh``: a new ``source`` starts the counts
+        from 0 (not so when a run resumes mid-epoch: the restored counts carry on).
+
+        Why here and not in the epoch-start hooks: Lightning runs loops without calling the callbacks (the
+        batch-size finder's trials empty ``trainer.callbacks``), while the wrapped steps stay installed.
+        """
         self._trainer, self._module = trainer, pl_module
-        if source is self._source:
-            return False
-        self._source, self._exhausted = source, False
-        return True
+        new_source = source is not self._source
+        if new_source:
+            if fresh:
+                self.start_epoch()
+            self._source, self._exhausted = source, False
+        self.steps += 1
+        return new_source
 
     def detach(self) -> None:
         self._source = self._trainer = self._module = None
@@ -204,10 +213,14 @@ class BatchFeed:
             self._exhausted = True
 
     def _to_device(self, batch: Any, dataloader_idx: int) -> Any:
-        # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method.
-        batch = self._trainer.precision_plugin.convert_input(batch)
-        batch = self._module.on_before_batch_transfer(batch, dataloader_idx)
-        return self._trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
+        # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method, profiled
+        # under the action names Lightning gives the two calls it makes itself (the strategy's call profiles the rest)
+        trainer, module = self._trainer, self._module
+        batch = trainer.precision_plugin.convert_input(batch)
+        with trainer.profiler.profile(f"[LightningModule]{type(module).__name__}.on_before_batch_transfer"):
+            batch = module.on_before_batch_transfer(batch, dataloader_idx)
+        with trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device"):
+            return trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
 
 
 class StepIterator(Iterator[Item]):
@@ -271,19 +284,6 @@ class DataloaderIterCallback(Callback):
         # Lightning skips the teardown hooks when a run raises; unwrap here so the module can be run again.
         self._unwrap_steps(pl_module)
 
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Not called when a run resumes mid-epoch, so restored counts carry on.
-        self.feed.start_epoch()
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.eval_feed.start_epoch()
-
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.eval_feed.start_epoch()
-
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.eval_feed.start_epoch()
-
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = trainer.num_training_batches
         cut_by_step_count = self.feed.steps >= total > self.feed.consumed
@@ -346,7 +346,9 @@ class DataloaderIterCallback(Callback):
         # dataloader_iter flavour and passes its iterator as the one positional argument.
         @functools.wraps(user_step)
         def step(dataloader_iter: Iterator[Item]) -> Any:
-            first_call = feed.begin_step(dataloader_iter, trainer, pl_module)
+            # the epoch's first step call (Lightning counts calls before running them); every evaluation run is new
+            fresh = not training or trainer.fit_loop.epoch_loop.batch_progress.current.ready == 1
+            first_call = feed.begin_step(dataloader_iter, trainer, pl_module, fresh)
             has_batch = feed.enter_step()
             if first_call:  # no vote at the end of an earlier call covers this one
                 has_batch = agree_on_next(has_batch)

@@ -35,7 +35,7 @@ import inspect
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
@@ -50,6 +50,7 @@ from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.profilers import PassThroughProfiler
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 
@@ -198,6 +199,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def __init__(self, loop: _InstallsPrefetchingFetcher) -> None:
         super().__init__()
         self.trainer = loop.trainer
+        self.options = loop.options
         self.hook_name = loop.step_name
         self.progress = loop.counted_progress
         self.depth = loop.options.depth
@@ -378,20 +380,29 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
 
         Why not ``trainer._call_lightning_module_hook``: it sets ``module._current_fx_name``, which the main thread's
-        ``self.log`` reads, and drives the profiler, which is not thread-safe. The user's hooks must be thread-safe.
+        ``self.log`` reads. The user's hooks must be thread-safe. They are profiled under the regular flavour's
+        action names (:meth:`_Options.profiled`), on the thread that runs them.
         """
         trainer = self.trainer
         selector = trainer._data_connector._datahook_selector
+        profiled = functools.partial(self.options.profiled, trainer)
 
         def hook(name: str) -> Callable[..., Any]:
-            return getattr(selector.get_instance(name), name)
+            instance = selector.get_instance(name)
+            kind = "LightningModule" if isinstance(instance, pl.LightningModule) else "LightningDataModule"
+            return profiled(f"[{kind}]{type(instance).__name__}.{name}")(getattr(instance, name))
 
         batch = trainer.precision_plugin.convert_input(batch)
         batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
         if pin:  # Why: a copy from pageable memory is synchronous even with non_blocking=True (apex #304)
             batch = apply_to_collection(batch, torch.Tensor, _pinned)
-        batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
-        return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+        @profiled(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device")
+        def batch_to_device(batch: Any) -> Any:
+            batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
+            return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+        return batch_to_device(batch)
 
     def _loader_states(self) -> list[dict] | None:
         loader = self._combined_loader
@@ -573,6 +584,29 @@ class _Options:
     depth: int
     transfer_ahead: bool
     copy_stream: Any = None
+    profiler_lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def profiled(self, trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records
+        the hooks it calls itself.
+
+        Why the lock: the hooks run on prefetch threads, the training epoch's and a validation run's at once, and
+        Lightning's profilers refuse to start an action that is running (SimpleProfiler) or keep one profile per
+        action (AdvancedProfiler). Without a profiler nothing is locked.
+        """
+
+        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+            if isinstance(trainer.profiler, PassThroughProfiler):
+                return function
+
+            @functools.wraps(function)
+            def call(*args: Any) -> Any:
+                with self.profiler_lock, trainer.profiler.profile(action):
+                    return function(*args)
+
+            return call
+
+        return wrap
 
     def side_stream(self, trainer: pl.Trainer) -> Any:
         device = trainer.strategy.root_device
@@ -627,11 +661,16 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
         # Why shadow the strategy's step on the instance: Lightning calls the step through it, the one frame between
         # the user's step and the loop, which ends the whole run (every dataloader) at a StopIteration.
         strategy = self.trainer.strategy
-        setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
+        # Why keep a shadow already there: a run inside this run (the batch-size finder's trials, started from
+        # on_validation_start) must leave the step shadowed for the rest of the outer run.
+        outer_run_shadows = self.step_name in vars(strategy)
+        if not outer_run_shadows:
+            setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
         try:
             return super().run()  # type: ignore[misc]
         finally:
-            delattr(strategy, self.step_name)
+            if not outer_run_shadows:
+                delattr(strategy, self.step_name)
             if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
                 self._data_fetcher.stop()  # Why: the prefetch thread must not outlive the evaluation run
 
@@ -679,6 +718,19 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, _FitLoop):
     @property
     def counted_progress(self) -> _ConsumedBatchProgress:
         return self.epoch_loop.batch_progress
+
+    @property
+    def batch_idx(self) -> int:
+        """With the prefetching fetcher, the running step call's index in the epoch; otherwise Lightning's.
+
+        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
+        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
+        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
+        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
+        """
+        if isinstance(fetcher := self._data_fetcher, _PrefetchingIterFetcher):
+            return fetcher.step_calls - 1  # counted before the call's batch-start hooks
+        return super().batch_idx
 
     def run(self) -> None:
         module = self.trainer.lightning_module
