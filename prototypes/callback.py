@@ -119,6 +119,7 @@ class BatchFeed:
         self.steps = 0  # step calls this epoch
         self.dataloader_idx = 0
         self.lookahead: Item | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
+        self.restored = False  # the counts come from a checkpoint: the next iterator continues them
         self._batch_counts = batch_counts
         self._source: Iterator[Item] | None = None
         self._exhausted = False
@@ -128,23 +129,22 @@ class BatchFeed:
     def start_epoch(self) -> None:
         self.consumed = self.steps = self.dataloader_idx = 0
         self.lookahead = None
+        self.restored = False
 
-    def begin_step(
-        self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule, fresh: bool
-    ) -> bool:
+    def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
-        (Lightning makes a new one each epoch and each evaluation run). ``fresh``: a new ``source`` starts the counts
-        from 0 (not so when a run resumes mid-epoch: the restored counts carry on).
+        (Lightning makes a new one each epoch and each evaluation run), which counts from 0 unless the counts were
+        just restored from a checkpoint (a run resumed mid-epoch carries on).
 
-        Why here and not in the epoch-start hooks: Lightning runs loops without calling the callbacks (the
-        batch-size finder's trials empty ``trainer.callbacks``), while the wrapped steps stay installed.
+        Why here and not (only) in the epoch-start hooks: Lightning also runs loops without calling the callbacks
+        (the batch-size finder's trials empty ``trainer.callbacks``), while the wrapped steps stay installed.
         """
         self._trainer, self._module = trainer, pl_module
         new_source = source is not self._source
         if new_source:
-            if fresh:
+            if not self.restored:
                 self.start_epoch()
-            self._source, self._exhausted = source, False
+            self._source, self._exhausted, self.restored = source, False, False
         self.steps += 1
         return new_source
 
@@ -284,6 +284,11 @@ class DataloaderIterCallback(Callback):
         # Lightning skips the teardown hooks when a run raises; unwrap here so the module can be run again.
         self._unwrap_steps(pl_module)
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Not called when a run resumes mid-epoch, so restored counts carry on; a run resumed at an epoch's start
+        # counts from 0. (Evaluation counts restart with each new iterator: see ``BatchFeed.begin_step``.)
+        self.feed.start_epoch()
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = trainer.num_training_batches
         cut_by_step_count = self.feed.steps >= total > self.feed.consumed
@@ -306,7 +311,7 @@ class DataloaderIterCallback(Callback):
         return {"consumed": self.feed.consumed, "steps": self.feed.steps, "lookahead": self.feed.lookahead}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.feed.consumed, self.feed.steps = state_dict["consumed"], state_dict["steps"]
+        self.feed.consumed, self.feed.steps, self.feed.restored = state_dict["consumed"], state_dict["steps"], True
         # Lightning's checkpointed loader state counts this batch as delivered: hand it out first.
         self.feed.lookahead = state_dict["lookahead"]
 
@@ -346,9 +351,7 @@ class DataloaderIterCallback(Callback):
         # dataloader_iter flavour and passes its iterator as the one positional argument.
         @functools.wraps(user_step)
         def step(dataloader_iter: Iterator[Item]) -> Any:
-            # the epoch's first step call (Lightning counts calls before running them); every evaluation run is new
-            fresh = not training or trainer.fit_loop.epoch_loop.batch_progress.current.ready == 1
-            first_call = feed.begin_step(dataloader_iter, trainer, pl_module, fresh)
+            first_call = feed.begin_step(dataloader_iter, trainer, pl_module)
             has_batch = feed.enter_step()
             if first_call:  # no vote at the end of an earlier call covers this one
                 has_batch = agree_on_next(has_batch)
