@@ -50,7 +50,7 @@ from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
-from pytorch_lightning.profilers import PassThroughProfiler
+from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 
@@ -584,15 +584,16 @@ class _Options:
     depth: int
     transfer_ahead: bool
     copy_stream: Any = None
-    profiler_lock: threading.RLock = field(default_factory=threading.RLock)
+    profiled_actions_lock: threading.RLock = field(default_factory=threading.RLock)
+    profiler_calls_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def profiled(self, trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records
         the hooks it calls itself.
 
-        Why the lock: the hooks run on prefetch threads, the training epoch's and a validation run's at once, and
-        Lightning's profilers refuse to start an action that is running (SimpleProfiler) or keep one profile per
-        action (AdvancedProfiler). Without a profiler nothing is locked.
+        Why a lock around the action: the hooks run on prefetch threads, the training epoch's and a validation run's
+        at once, and a profiler refuses to start an action that is running (SimpleProfiler). Without a profiler
+        nothing is locked.
         """
 
         def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -601,12 +602,31 @@ class _Options:
 
             @functools.wraps(function)
             def call(*args: Any) -> Any:
-                with self.profiler_lock, trainer.profiler.profile(action):
+                with self.profiled_actions_lock, trainer.profiler.profile(action):
                     return function(*args)
 
             return call
 
         return wrap
+
+    def serialise_profiler_calls(self, profiler: Profiler) -> None:
+        """Makes the profiler's ``start`` and ``stop`` take one lock, on this instance.
+
+        Why: Lightning's profilers expect one calling thread, and here the prefetch threads record the transfer
+        hooks while the main thread records Lightning's actions; AdvancedProfiler's ``start``, for one, iterates
+        its per-action profiles, which a first action from another thread would add to mid-iteration. The lock is
+        held for the call only, never across an action, so the main thread never waits for a hook.
+        """
+        if isinstance(profiler, PassThroughProfiler):
+            return
+        for name in ("start", "stop"):
+            method = getattr(profiler, name)
+
+            def serialised(action: str, method: Callable[[str], None] = method) -> None:
+                with self.profiler_calls_lock:
+                    method(action)
+
+            setattr(profiler, name, serialised)
 
     def side_stream(self, trainer: pl.Trainer) -> Any:
         device = trainer.strategy.root_device
@@ -793,6 +813,7 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
     trainer = pl.Trainer(**trainer_kwargs)
     stock, options = trainer.fit_loop, _Options(depth, transfer_ahead)
+    options.serialise_profiler_calls(trainer.profiler)
     inference_mode = trainer.predict_loop.inference_mode
     fit_loop = _PrefetchingFitLoop(trainer, options, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs)
     fit_loop.epoch_loop = _PrefetchingEpochLoop(
