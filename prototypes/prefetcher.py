@@ -577,6 +577,12 @@ class _PrefetchingEpochLoop(_TrainingEpochLoop):
         return counted.completed // interval > (counted.completed - fetcher.consumed_in_step) // interval
 
 
+# the profiler actions of a batch's transfer, as Lightning names them (`[<kind>]<class>.<hook>`)
+_TRANSFER_ACTIONS = (
+    ".on_before_batch_transfer", ".transfer_batch_to_device", ".on_after_batch_transfer", ".batch_to_device"
+)
+
+
 @dataclass
 class _Options:
     """The design's options and the CUDA side stream, shared by one trainer's loops."""
@@ -584,17 +590,13 @@ class _Options:
     depth: int
     transfer_ahead: bool
     copy_stream: Any = None
-    profiled_actions_lock: threading.RLock = field(default_factory=threading.RLock)
+    transfer_actions_lock: threading.RLock = field(default_factory=threading.RLock)
     profiler_calls_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def profiled(self, trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    @staticmethod
+    def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records
-        the hooks it calls itself.
-
-        Why a lock around the action: the hooks run on prefetch threads, the training epoch's and a validation run's
-        at once, and a profiler refuses to start an action that is running (SimpleProfiler). Without a profiler
-        nothing is locked.
-        """
+        the hooks it calls itself."""
 
         def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(trainer.profiler, PassThroughProfiler):
@@ -602,7 +604,7 @@ class _Options:
 
             @functools.wraps(function)
             def call(*args: Any) -> Any:
-                with self.profiled_actions_lock, trainer.profiler.profile(action):
+                with trainer.profiler.profile(action):
                     return function(*args)
 
             return call
@@ -610,23 +612,36 @@ class _Options:
         return wrap
 
     def serialise_profiler_calls(self, profiler: Profiler) -> None:
-        """Makes the profiler's ``start`` and ``stop`` take one lock, on this instance.
+        """Makes the profiler safe for the prefetch threads and the main thread at once, on this instance.
 
-        Why: Lightning's profilers expect one calling thread, and here the prefetch threads record the transfer
-        hooks while the main thread records Lightning's actions; AdvancedProfiler's ``start``, for one, iterates
-        its per-action profiles, which a first action from another thread would add to mid-iteration. The lock is
-        held for the call only, never across an action, so the main thread never waits for a hook.
+        Why: Lightning's profilers expect one calling thread. Here prefetch threads record the transfer hooks (the
+        training epoch's and a validation run's thread at once) while the main thread records Lightning's actions,
+        among them the same transfer hooks for a regular validation step. Each ``start`` and ``stop`` call takes one
+        lock (AdvancedProfiler's ``start`` iterates its per-action profiles, which a first action from another
+        thread would add to mid-iteration), and a transfer action holds a second lock from its start to its stop
+        (SimpleProfiler refuses to start an action that is running). The main thread waits for a prefetch thread
+        only when both transfer a batch at once.
         """
         if isinstance(profiler, PassThroughProfiler):
             return
-        for name in ("start", "stop"):
-            method = getattr(profiler, name)
+        start, stop = profiler.start, profiler.stop
 
-            def serialised(action: str, method: Callable[[str], None] = method) -> None:
+        def serialised_start(action: str) -> None:
+            if action.endswith(_TRANSFER_ACTIONS):
+                self.transfer_actions_lock.acquire()
+            with self.profiler_calls_lock:
+                start(action)
+
+        def serialised_stop(action: str) -> None:
+            try:
                 with self.profiler_calls_lock:
-                    method(action)
+                    stop(action)
+            finally:
+                if action.endswith(_TRANSFER_ACTIONS):
+                    self.transfer_actions_lock.release()
 
-            setattr(profiler, name, serialised)
+        profiler.start, profiler.stop = serialised_start, serialised_stop
+
 
     def side_stream(self, trainer: pl.Trainer) -> Any:
         device = trainer.strategy.root_device

@@ -265,14 +265,17 @@ def _profiled_counts(profiler: Any, module: pl.LightningModule, report: str) -> 
 
 @pytest.mark.parametrize("profiler_class", [SimpleProfiler, AdvancedProfiler], ids=lambda c: c.__name__)
 def test_profiler_records_the_training_batches_actions(design, profiler_class, tmp_path):
-    # one batch per step call: the regular flavour's actions, each as often (the loader's fetch is one more call
-    # in the regular flavour, which asks for the end of the data; the flavour's look-ahead asks too)
+    # one batch per step call: the regular flavour's actions, each as often. With the counting profiler, validation
+    # (a regular step, the same transfer actions) runs every two batches, so a design transferring training batches
+    # ahead does so while validation batches are transferred; the advanced profiler only tells which actions ran,
+    # so there training runs alone.
     counts = {}
+    validation = dict(val_dataloaders=make_loader(n_items=4)) if profiler_class is SimpleProfiler else {}
     for name, module in (("flavour", IterStepModule((1,))), ("regular", RegularStepModule())):
         profiler = profiler_class(dirpath=tmp_path, filename=name)
-        kwargs = dict(profiler=profiler, max_epochs=1)
+        kwargs = dict(profiler=profiler, max_epochs=1, val_check_interval=2 if validation else 1.0)
         trainer = make_trainer(design, **kwargs) if name == "flavour" else stock_trainer(**kwargs)
-        trainer.fit(module, make_loader(n_items=12))
+        trainer.fit(module, make_loader(n_items=12), **validation)
         counts[name] = _profiled_counts(profiler, module, (tmp_path / f"fit-{name}.txt").read_text())
     expected = {action.replace("RegularStepModule", "IterStepModule"): n for action, n in counts["regular"].items()}
     assert counts["flavour"] == expected
