@@ -642,7 +642,6 @@ class _Options:
 
         profiler.start, profiler.stop = serialised_start, serialised_stop
 
-
     def side_stream(self, trainer: pl.Trainer) -> Any:
         device = trainer.strategy.root_device
         if self.copy_stream is None and device.type == "cuda" and self.depth and self.transfer_ahead:

@@ -154,7 +154,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         clause = item.get_closest_marker("clause")
         if clause is None or clause.args[0] not in CLAUSES:
             raise pytest.UsageError(
-                f"{item.nodeid}: every conformance test needs @pytest.mark.clause(...) naming one of {', '.join(CLAUSES)}"
+                f"{item.nodeid}: every conformance test needs @pytest.mark.clause(...) naming one of "
+                f"{', '.join(CLAUSES)}"
             )
         design = item.callspec.params["design"]
         cid = contract_id(item)
