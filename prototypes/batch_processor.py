@@ -341,10 +341,12 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         batch_idx = self.batch_progress.current.ready
         trainer._logger_connector.on_batch_start(batch)
         self._step_batches = []
+        self._step_calls += 1  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
         call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
         response = call._call_lightning_module_hook(trainer, "on_train_batch_start", batch, batch_idx)
         call._call_strategy_hook(trainer, "on_train_batch_start", batch, batch_idx)
         if response == -1:
+            self._step_calls -= 1  # the call does not happen
             self.batch_progress.is_last_batch = True
             raise StopIteration  # how `_TrainingEpochLoop.run` is told to end the epoch; nothing was consumed
 
@@ -392,10 +394,13 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         """One drain call: no batch, so no batch hooks; logging and optimisation as for any step call."""
         trainer = self.trainer
         self._step_batches = []
+        self._step_calls += 1
+        steps_before = trainer.global_step
         trainer._logger_connector.on_batch_start(None)
         self._run_step()
         trainer._logger_connector.on_batch_end()
-        self.update_lr_schedulers("step", update_plateau_schedulers=False)
+        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
+            self.update_lr_schedulers("step", update_plateau_schedulers=False)
         trainer._logger_connector.update_train_step_metrics()
         return self._step_saw_end
 
@@ -403,7 +408,6 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
         assert self._batches is not None
         trainer = self.trainer
-        self._step_calls += 1
         self._step_saw_end = False
         consumed_before = self.batch_progress.current.ready
         dataloader_iter = StepIterator(self._batches, self._hand_out)
@@ -669,6 +673,19 @@ class IteratorPredictionLoop(StockProfilerActions, _EvaluationStepsPullBatches, 
 
 class IteratorFitLoop(_FitLoop):
     """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
+
+    @property
+    def batch_idx(self) -> int:
+        """When the training step pulls batches, the running step call's index in the epoch; otherwise Lightning's.
+
+        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
+        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
+        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
+        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
+        """
+        if self.epoch_loop._steps_pull_batches:
+            return self.epoch_loop._step_calls - 1
+        return super().batch_idx
 
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()

@@ -121,6 +121,7 @@ class BatchFeed:
         self.steps = 0  # step calls this epoch
         self.dataloader_idx = 0
         self.lookahead: Item | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
+        self.restored = False  # the counts come from a checkpoint: the next iterator continues them
         self._batch_counts = batch_counts
         self._source: Iterator[Item] | None = None
         self._exhausted = False
@@ -130,16 +131,24 @@ class BatchFeed:
     def start_epoch(self) -> None:
         self.consumed = self.steps = self.dataloader_idx = 0
         self.lookahead = None
+        self.restored = False
 
     def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
-        (Lightning makes a new one each epoch and each evaluation run)."""
-        self.steps += 1
+        (Lightning makes a new one each epoch and each evaluation run), which counts from 0 unless the counts were
+        just restored from a checkpoint (a run resumed mid-epoch carries on).
+
+        Why here and not (only) in the epoch-start hooks: Lightning also runs loops without calling the callbacks
+        (the batch-size finder's trials empty ``trainer.callbacks``), while the wrapped steps stay installed.
+        """
         self._trainer, self._module = trainer, pl_module
-        if source is self._source:
-            return False
-        self._source, self._exhausted = source, False
-        return True
+        new_source = source is not self._source
+        if new_source:
+            if not self.restored:
+                self.start_epoch()
+            self._source, self._exhausted, self.restored = source, False, False
+        self.steps += 1
+        return new_source
 
     def detach(self) -> None:
         self._source = self._trainer = self._module = None
@@ -206,10 +215,14 @@ class BatchFeed:
             self._exhausted = True
 
     def _to_device(self, batch: Any, dataloader_idx: int) -> Any:
-        # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method.
-        batch = self._trainer.precision_plugin.convert_input(batch)
-        batch = self._module.on_before_batch_transfer(batch, dataloader_idx)
-        return self._trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
+        # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method, profiled
+        # under the action names Lightning gives the two calls it makes itself (the strategy's call profiles the rest)
+        trainer, module = self._trainer, self._module
+        batch = trainer.precision_plugin.convert_input(batch)
+        with trainer.profiler.profile(f"[LightningModule]{type(module).__name__}.on_before_batch_transfer"):
+            batch = module.on_before_batch_transfer(batch, dataloader_idx)
+        with trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device"):
+            return trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
 
 
 class StepIterator(Iterator[Item]):
@@ -271,17 +284,9 @@ class DataloaderIterCallback(Callback):
         self._unwrap_steps(pl_module)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # Not called when a run resumes mid-epoch, so restored counts carry on.
+        # Not called when a run resumes mid-epoch, so restored counts carry on; a run resumed at an epoch's start
+        # counts from 0. (Evaluation counts restart with each new iterator: see ``BatchFeed.begin_step``.)
         self.feed.start_epoch()
-
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.eval_feed.start_epoch()
-
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.eval_feed.start_epoch()
-
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.eval_feed.start_epoch()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         total = trainer.num_training_batches
@@ -305,7 +310,7 @@ class DataloaderIterCallback(Callback):
         return {"consumed": self.feed.consumed, "steps": self.feed.steps, "lookahead": self.feed.lookahead}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.feed.consumed, self.feed.steps = state_dict["consumed"], state_dict["steps"]
+        self.feed.consumed, self.feed.steps, self.feed.restored = state_dict["consumed"], state_dict["steps"], True
         # Lightning's checkpointed loader state counts this batch as delivered: hand it out first.
         self.feed.lookahead = state_dict["lookahead"]
 

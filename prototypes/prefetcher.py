@@ -37,7 +37,7 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
@@ -51,6 +51,7 @@ from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimizatio
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 from lightning_fabric.utilities.data import sized_len
@@ -203,6 +204,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def __init__(self, loop: _InstallsPrefetchingFetcher) -> None:
         super().__init__()
         self.trainer = loop.trainer
+        self.options = loop.options
         self.hook_name = loop.step_name
         self.progress = loop.counted_progress
         self.depth = loop.options.depth
@@ -397,20 +399,29 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
 
         Why not ``trainer._call_lightning_module_hook``: it sets ``module._current_fx_name``, which the main thread's
-        ``self.log`` reads, and drives the profiler, which is not thread-safe. The user's hooks must be thread-safe.
+        ``self.log`` reads. The user's hooks must be thread-safe. They are profiled under the regular flavour's
+        action names (:meth:`_Options.profiled`), on the thread that runs them.
         """
         trainer = self.trainer
         selector = trainer._data_connector._datahook_selector
+        profiled = functools.partial(self.options.profiled, trainer)
 
         def hook(name: str) -> Callable[..., Any]:
-            return getattr(selector.get_instance(name), name)
+            instance = selector.get_instance(name)
+            kind = "LightningModule" if isinstance(instance, pl.LightningModule) else "LightningDataModule"
+            return profiled(f"[{kind}]{type(instance).__name__}.{name}")(getattr(instance, name))
 
         batch = trainer.precision_plugin.convert_input(batch)
         batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
         if pin:  # Why: a copy from pageable memory is synchronous even with non_blocking=True (apex #304)
             batch = apply_to_collection(batch, torch.Tensor, _pinned)
-        batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
-        return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+        @profiled(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device")
+        def batch_to_device(batch: Any) -> Any:
+            batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
+            return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+        return batch_to_device(batch)
 
     def _limited(self) -> bool:
         """Whether a ``limit_*_batches`` cuts any loader short of its length."""
@@ -588,6 +599,7 @@ class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         """One drain call: no batch, so no batch hooks; logging and optimisation as for any step call."""
         trainer = self.trainer
         kwargs = OrderedDict(any=fetcher.start_step_call())
+        steps_before = trainer.global_step
         trainer._logger_connector.on_batch_start(None)
         with trainer.profiler.profile("run_training_batch"):
             if trainer.lightning_module.automatic_optimization:
@@ -595,7 +607,8 @@ class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             else:
                 self.manual_optimization.run(kwargs)
         trainer._logger_connector.on_batch_end()
-        self.update_lr_schedulers("step", update_plateau_schedulers=False)
+        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
+            self.update_lr_schedulers("step", update_plateau_schedulers=False)
         trainer._logger_connector.update_train_step_metrics()
         return fetcher.step_saw_end
 
@@ -630,6 +643,12 @@ class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         return counted.completed // interval > (counted.completed - fetcher.consumed_in_step) // interval
 
 
+# the profiler actions of a batch's transfer, as Lightning names them (`[<kind>]<class>.<hook>`)
+_TRANSFER_ACTIONS = (
+    ".on_before_batch_transfer", ".transfer_batch_to_device", ".on_after_batch_transfer", ".batch_to_device"
+)
+
+
 @dataclass
 class _Options:
     """The design's options and the CUDA side stream, shared by one trainer's loops."""
@@ -637,6 +656,57 @@ class _Options:
     depth: int
     transfer_ahead: bool
     copy_stream: Any = None
+    transfer_actions_lock: threading.RLock = field(default_factory=threading.RLock)
+    profiler_calls_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @staticmethod
+    def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records
+        the hooks it calls itself."""
+
+        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+            if isinstance(trainer.profiler, PassThroughProfiler):
+                return function
+
+            @functools.wraps(function)
+            def call(*args: Any) -> Any:
+                with trainer.profiler.profile(action):
+                    return function(*args)
+
+            return call
+
+        return wrap
+
+    def serialise_profiler_calls(self, profiler: Profiler) -> None:
+        """Makes the profiler safe for the prefetch threads and the main thread at once, on this instance.
+
+        Why: Lightning's profilers expect one calling thread. Here prefetch threads record the transfer hooks (the
+        training epoch's and a validation run's thread at once) while the main thread records Lightning's actions,
+        among them the same transfer hooks for a regular validation step. Each ``start`` and ``stop`` call takes one
+        lock (AdvancedProfiler's ``start`` iterates its per-action profiles, which a first action from another
+        thread would add to mid-iteration), and a transfer action holds a second lock from its start to its stop
+        (SimpleProfiler refuses to start an action that is running). The main thread waits for a prefetch thread
+        only when both transfer a batch at once.
+        """
+        if isinstance(profiler, PassThroughProfiler):
+            return
+        start, stop = profiler.start, profiler.stop
+
+        def serialised_start(action: str) -> None:
+            if action.endswith(_TRANSFER_ACTIONS):
+                self.transfer_actions_lock.acquire()
+            with self.profiler_calls_lock:
+                start(action)
+
+        def serialised_stop(action: str) -> None:
+            try:
+                with self.profiler_calls_lock:
+                    stop(action)
+            finally:
+                if action.endswith(_TRANSFER_ACTIONS):
+                    self.transfer_actions_lock.release()
+
+        profiler.start, profiler.stop = serialised_start, serialised_stop
 
     def side_stream(self, trainer: pl.Trainer) -> Any:
         device = trainer.strategy.root_device
@@ -691,11 +761,16 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
         # Why shadow the strategy's step on the instance: Lightning calls the step through it, the one frame between
         # the user's step and the loop, which ends the whole run (every dataloader) at a StopIteration.
         strategy = self.trainer.strategy
-        setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
+        # Why keep a shadow already there: a run inside this run (the batch-size finder's trials, started from
+        # on_validation_start) must leave the step shadowed for the rest of the outer run.
+        outer_run_shadows = self.step_name in vars(strategy)
+        if not outer_run_shadows:
+            setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
         try:
             return super().run()  # type: ignore[misc]
         finally:
-            delattr(strategy, self.step_name)
+            if not outer_run_shadows:
+                delattr(strategy, self.step_name)
             if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
                 self._data_fetcher.stop()  # Why: the prefetch thread must not outlive the evaluation run
 
@@ -743,6 +818,19 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, _FitLoop):
     @property
     def counted_progress(self) -> _ConsumedBatchProgress:
         return self.epoch_loop.batch_progress
+
+    @property
+    def batch_idx(self) -> int:
+        """With the prefetching fetcher, the running step call's index in the epoch; otherwise Lightning's.
+
+        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
+        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
+        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
+        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
+        """
+        if isinstance(fetcher := self._data_fetcher, _PrefetchingIterFetcher):
+            return fetcher.step_calls - 1  # counted before the call's batch-start hooks
+        return super().batch_idx
 
     def run(self) -> None:
         module = self.trainer.lightning_module
@@ -805,6 +893,7 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
     trainer = pl.Trainer(**trainer_kwargs)
     stock, options = trainer.fit_loop, _Options(depth, transfer_ahead)
+    options.serialise_profiler_calls(trainer.profiler)
     inference_mode = trainer.predict_loop.inference_mode
     fit_loop = _PrefetchingFitLoop(trainer, options, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs)
     fit_loop.epoch_loop = _PrefetchingEpochLoop(

@@ -52,6 +52,7 @@ CLAUSES = {
     "C15": "Evaluation steps",
     "C16": "Distributed",
     "C17": "Steps with work in flight",
+    "C18": "Lightning's own features",
 }
 OUTCOMES = ("passed", "xfailed", "failed")
 
@@ -180,7 +181,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         clause = item.get_closest_marker("clause")
         if clause is None or clause.args[0] not in CLAUSES:
-            raise pytest.UsageError(f"{item.nodeid}: every conformance test needs @pytest.mark.clause('C1'..'{list(CLAUSES)[-1]}')")
+            raise pytest.UsageError(
+                f"{item.nodeid}: every conformance test needs @pytest.mark.clause(...) naming one of "
+                f"{', '.join(CLAUSES)}"
+            )
         design = item.callspec.params["design"]
         cid = contract_id(item)
         collected_files.add(item.path.name)

@@ -541,3 +541,27 @@ def test_evaluation_misuse_is_an_error_and_leaves_no_thread(module_class, messag
         else:
             trainer.validate(module, loader, verbose=False)
     assert wait_until(lambda: not prefetch_threads())
+
+
+class SlowTransfer(EvalThreads):
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        time.sleep(0.01)  # long enough for the training and the validation thread to be in this hook at once
+        return super().on_before_batch_transfer(batch, dataloader_idx)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("profiler_name", ["simple", "advanced"])
+def test_transfer_hooks_are_profiled_on_two_prefetch_threads_at_once(profiler_name, tmp_path):
+    # the training epoch's thread keeps transferring ahead while each validation run's thread transfers its batches;
+    # a profiler started twice for one action raises (SimpleProfiler), so the design serialises the transfer actions
+    from pytorch_lightning.profilers import AdvancedProfiler, SimpleProfiler
+
+    profiler = {"simple": SimpleProfiler, "advanced": AdvancedProfiler}[profiler_name](dirpath=tmp_path, filename="p")
+    module = SlowTransfer()
+    trainer = make_trainer(PREFETCHER.variant(depth=4), profiler=profiler, val_check_interval=2)
+    trainer.fit(module, make_loader(n_items=16), make_loader(n_items=6))
+    assert module.transfer_threads == {"prefetcher-training_step", "prefetcher-validation_step"}
+    if profiler_name == "simple":
+        # 8 training batches, and 4 validation runs of 3 batches
+        transfers = profiler.recorded_durations["[LightningModule]SlowTransfer.on_before_batch_transfer"]
+        assert len(transfers) == 8 + 4 * 3
