@@ -250,6 +250,19 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def run_setup() -> dict:
+    """Where and with what a run happened: the ``setup`` of every results file."""
+    return dict(
+        machine=f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} CPUs",
+        python=platform.python_version(),
+        torch=version("torch"),
+        pytorch_lightning=version("pytorch-lightning"),
+        torchdata=version("torchdata"),
+        git_commit=_git_commit(),
+        generated_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
 def write_results(path: Path, state: _State) -> None:
     from prototypes import IMPLEMENTATIONS
 
@@ -261,15 +274,7 @@ def write_results(path: Path, state: _State) -> None:
     names = sorted({r["design"] for r in results})
     payload = dict(
         schema=1,
-        setup=dict(
-            machine=f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} CPUs",
-            python=platform.python_version(),
-            torch=version("torch"),
-            pytorch_lightning=version("pytorch-lightning"),
-            torchdata=version("torchdata"),
-            git_commit=_git_commit(),
-            generated_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        ),
+        setup=run_setup(),
         clauses=CLAUSES,
         designs={name: dict(summary=IMPLEMENTATIONS[name].summary) for name in names},
         results=results,
