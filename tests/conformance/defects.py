@@ -5,9 +5,9 @@ A defect is one entry: the clause it breaks, the real design it is applied to, o
 fail. ``defect.applied()`` registers the broken design as ``defect_<name>`` and patches the attribute for the
 duration of a run; nothing is edited on disk. Adding a defect::
 
-    Defect("lost_batch", "C3", "prefetcher", "drops the read-ahead batch whenever a step call closes",
-           patches=(_PrefetchingIterFetcher, "close_step"), broken=_forgets_the_head,
-           tests=("test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch",))
+    Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
+           (_Fetcher, "step_batch_size"), _instead(lambda self: len(self.step_batches) or 1),
+           (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED)
 
 ``broken`` receives the original attribute and returns its replacement. ``select`` is a ``-k`` expression that
 narrows the tests to the cases that can catch the defect, to keep the catalogue fast.
@@ -148,6 +148,23 @@ def _counts_the_batch_held_back_on_minus_one(original: Callable[..., Any]) -> Ca
     return advance
 
 
+def _forget_a_cut_short_calls_batches(self: Any, output: Any) -> Any:
+    if output is None:  # the call was cut short by StopIteration
+        self._last_step_consumed = 0
+    return output
+
+
+def _step_after_a_cut_short_call(self: Any, output: Any) -> Any:
+    if output is None:
+        self._step_optimizer()
+    return output
+
+
+def _complete_one_batch_per_call(self: Any, output: Any) -> Any:
+    self._last_step_consumed = min(self._last_step_consumed, 1)
+    return output
+
+
 def _transfer_without_after_hook(self: Any, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
     module = self.trainer.lightning_module
     batch = self.trainer.precision_plugin.convert_input(batch)
@@ -272,6 +289,7 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("read_ahead_batch_dropped", "C3", "prefetcher", "drops the read-ahead batch whenever a step call closes",
            (_Fetcher, "close_step"), _after(lambda self, _, *args: setattr(self, "_head", None)),
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
+    # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
            (prefetcher.Prefetcher, "get"), _redelivers_every_fifth,
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
@@ -294,12 +312,12 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("cut_short_batches_uncounted", "C5", "batch_processor",
            "does not count the batches of a step call cut short by StopIteration",
            (_EpochLoop, "_run_step"),
-           _after(lambda self, output: (setattr(self, "_last_step_consumed", 0) if output is None else None) or output),
+           _after(_forget_a_cut_short_calls_batches),
            (C05 + "test_stop_iteration_in_step_counts_its_consumed_batches",), SIZED),
     Defect("optimizer_step_on_cut_short_call", "C5", "batch_processor",
            "takes an optimizer step for a step call cut short by StopIteration",
            (_EpochLoop, "_run_step"),
-           _after(lambda self, output: (self._step_optimizer() if output is None else None) or output),
+           _after(_step_after_a_cut_short_call),
            (C05 + "test_stop_iteration_in_step_takes_no_optimizer_step",), SIZED),
     # C6 Progress counts batches
     Defect("progress_counts_step_calls", "C6", "prefetcher", "advances batch progress once per step call",
@@ -308,7 +326,7 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("completed_counts_one_per_call", "C6", "batch_processor",
            "completes at most one batch per step call",
            (_EpochLoop, "_run_step"),
-           _after(lambda self, output: setattr(self, "_last_step_consumed", min(self._last_step_consumed, 1)) or output),
+           _after(_complete_one_batch_per_call),
            (C06 + "test_completed_progress_equals_batches_consumed",), SIZED),
     # C7 Limits
     Defect("limit_off_by_one", "C7", "prefetcher", "delivers one batch more than `limit_train_batches`",
@@ -379,6 +397,7 @@ CATALOGUE: tuple[Defect, ...] = (
            "lets a KeyboardInterrupt end its thread instead of reaching the step",
            (prefetcher.Prefetcher, "_run"), _instead(_run_catching_exception_only),
            (C13 + "test_keyboard_interrupt_while_loading_takes_the_interrupt_path",)),
+    # the leaked thread polls until the process ends; w0: no worker processes are kept alive with it
     Defect("early_stop_leaves_the_thread", "C13", "prefetcher",
            "drops its prefetcher at an early stop without shutting the thread down",
            (_Fetcher, "stop"), _instead(_stop_forgetting_the_thread),
