@@ -13,6 +13,7 @@ from typing import Any
 from rendering.benchmarks import bench_block, block_bench_notes, block_bench_other, block_bench_targets
 from rendering.conformance import (block_clause_tests, block_designs, block_expected_failures, block_failures,
                                    block_matrix)
+from rendering.defects import block_defects
 from rendering.plots import PLOT_STEM, block_plot_efficiency, draw_plot, plot_file, plot_hash, plot_points
 from rendering.results import Inputs, RenderError
 from rendering.standing import block_standing
@@ -41,6 +42,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "bench-other": block_bench_other,
     "bench-notes": block_bench_notes,
     "plot-efficiency": block_plot_efficiency,
+    "defects": block_defects,
 }
 
 

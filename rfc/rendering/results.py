@@ -44,7 +44,7 @@ class Inputs:
     benchmarks: dict[str, dict[str, Any]] = field(default_factory=dict)  # machine kind -> results
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def load_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -95,12 +95,12 @@ def load_inputs(rfc_dir: Path, results_dir: Path, out_dir: Path, command: str) -
     inputs = Inputs(rfc_dir=rfc_dir, results_dir=results_dir, out_dir=out_dir, command=command)
     conformance = results_dir / CONFORMANCE_FILE
     if conformance.is_file():
-        inputs.conformance = _load_json(conformance)
+        inputs.conformance = load_json(conformance)
         _validate_conformance(inputs.conformance, conformance)
     # the CPU machine kind ("python") first, then the others (e.g. GPU kinds) by name
     for path in sorted(results_dir.glob(BENCHMARK_GLOB), key=lambda p: (p.stem != "benchmarks-python", p.name)):
         kind = path.stem[len("benchmarks-"):]
-        data = _load_json(path)
+        data = load_json(path)
         _validate_benchmarks(data, path)
         inputs.benchmarks[kind] = data
     return inputs

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate, get_worker_info
 
 from prototypes.common import Design
 
@@ -82,6 +82,52 @@ class FailingItems(SizedItems):
         return item(i)
 
 
+class SlowItems(SizedItems):
+    """Sized items; from item ``slow_from`` on, each takes ``delay_s`` to load (a loader still busy when a run ends)."""
+
+    def __init__(self, n: int, slow_from: int, delay_s: float) -> None:
+        super().__init__(n)
+        self.slow_from, self.delay_s = slow_from, delay_s
+
+    def __getitem__(self, i: int):
+        if i >= self.slow_from:
+            time.sleep(self.delay_s)
+        return item(i)
+
+
+class ListedBatches(Sampler):
+    """A batch sampler whose batches hold ``sizes[k]`` consecutive items: batches of different sizes."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(sizes)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        start = 0
+        for size in self.sizes:
+            yield list(range(start, start + size))
+            start += size
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+class UnsizedBatches(IterableDataset):
+    """Yields collated batches of ``sizes[k]`` consecutive items, without ``__len__`` (load with ``batch_size=None``)."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = tuple(sizes)
+
+    def __iter__(self) -> Iterator:
+        return (default_collate([item(i) for i in batch]) for batch in ListedBatches(self.sizes))
+
+
+def uneven_loader(kind: str, sizes: Sequence[int]) -> DataLoader:
+    """A real DataLoader whose batch k holds ``sizes[k]`` items; ``kind`` is ``"sized"`` or ``"unsized"``."""
+    if kind == "sized":
+        return DataLoader(SizedItems(sum(sizes)), batch_sampler=ListedBatches(sizes))
+    return DataLoader(UnsizedBatches(sizes), batch_size=None)
+
+
 def make_loader(kind: str = "sized", n_items: int = 14, num_workers: int = 0, batch_size: int = BATCH_SIZE) -> DataLoader:
     """A real DataLoader over ``n_items`` items; ``kind`` is ``"sized"`` or ``"unsized"``."""
     dataset = {"sized": SizedItems, "unsized": UnsizedItems}[kind](n_items)
@@ -115,8 +161,25 @@ class Running:
         )
 
 
+# multiprocessing's queue feeders and torch's pin-memory thread, by the names they are created with (a thread that
+# is finishing has already dropped its target)
+_DATALOADER_THREAD_NAMES = ("QueueFeederThread", "(_pin_memory_loop)")
+
+
+def _dataloader_machinery(thread: threading.Thread) -> bool:
+    """A thread of torch's DataLoader machinery, which torch stops asynchronously, as it does its worker processes."""
+    return thread.name.endswith(_DATALOADER_THREAD_NAMES)
+
+
 def assert_nothing_left(before: Running, grace_s: float = 10.0) -> None:
-    """No thread or child process started since ``before`` is still alive (after a grace period for exits)."""
+    """Nothing started since ``before`` is still alive; call it as soon as ``fit``/``validate``/... returned.
+
+    The design's own threads get no grace: one still alive when the run returns may be inside ``next()`` on a loader
+    Lightning is tearing down. DataLoader worker processes and the DataLoader's own threads get ``grace_s`` to exit.
+    """
+    own = sorted(t.name for t in Running.now().threads - before.threads if not _dataloader_machinery(t))
+    if own:
+        raise AssertionError(f"threads still running when the run returned (a design joins its threads first): {own}")
     deadline = time.monotonic() + grace_s
     while True:
         gc.collect()  # DataLoader workers shut down when their iterator is collected; reference cycles delay that

@@ -273,6 +273,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         write(f"conformance results written to {results_path}")
 
 
+def run_setup() -> dict:
+    """Where and with what a run happened: the ``setup`` of every results file."""
+    return dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
+
+
 def write_results(path: Path, state: _State) -> None:
     from prototypes import IMPLEMENTATIONS
 
@@ -284,7 +289,7 @@ def write_results(path: Path, state: _State) -> None:
     names = sorted({r["design"] for r in results})
     payload = dict(
         schema=1,
-        setup=dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance()),
+        setup=run_setup(),
         clauses=CLAUSES,
         designs={name: dict(summary=IMPLEMENTATIONS[name].summary) for name in names},
         results=results,

@@ -7,6 +7,8 @@ design means its background thread) and in a DataLoader worker (``num_workers=2`
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch.utils.data._utils
 from torch.utils.data import DataLoader
@@ -17,6 +19,7 @@ from tests.conformance.harness import (
     FailingItems,
     IterStepModule,
     Running,
+    SlowItems,
     assert_nothing_left,
     loader_sequence,
     make_loader,
@@ -79,4 +82,29 @@ def test_error_in_the_step_leaves_no_thread_running(design):
     before = Running.now()
     with pytest.raises(ZeroDivisionError, match="the user's step failed"):
         make_trainer(design).fit(BrokenStep((1,)), make_loader("sized", n_items=16, num_workers=2))
+    assert_nothing_left(before)
+
+
+class FailsInItsSecondCall(IterStepModule):
+    """Every step (training and evaluation) takes one batch; the second step call raises."""
+
+    def _step(self, dataloader_iter):
+        self.step_calls += 1
+        if self.step_calls == 2:
+            raise ZeroDivisionError("the user's step failed")
+        next(dataloader_iter)
+
+    training_step = validation_step = test_step = predict_step = _step
+
+
+@pytest.mark.parametrize("entry", ["fit", "validate", "test", "predict"])
+def test_error_in_the_step_while_loading_leaves_no_thread_running(design, entry):
+    # From item 4 on each item takes 0.5 s: when the second step call raises, a design loading ahead is inside the
+    # loader's next(). Its thread must have been stopped and joined by the time the run returns.
+    loader = DataLoader(SlowItems(16, slow_from=4, delay_s=0.5), batch_size=BATCH_SIZE)
+    trainer = make_trainer(design)
+    run = {"fit": trainer.fit, "predict": trainer.predict}.get(entry) or partial(getattr(trainer, entry), verbose=False)
+    before = Running.now()
+    with pytest.raises(ZeroDivisionError, match="the user's step failed"):
+        run(FailsInItsSecondCall(), loader)
     assert_nothing_left(before)

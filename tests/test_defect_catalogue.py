@@ -1,0 +1,96 @@
+"""The suite's strength: each defect of the catalogue (``tests/conformance/defects.py``) fails its clause's tests.
+
+Each case applies one defect to a real design, runs only the named tests of that clause against it in-process
+with pytester, and fails if they all pass (a defect the suite misses). Write the outcomes the RFC renders with::
+
+    python -m tests.test_defect_catalogue rfc/results/defects.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conformance import plugin
+from tests.conformance.defects import CATALOGUE, Defect
+
+pytest_plugins = ["pytester"]
+
+SUITE = Path(plugin.__file__).parent
+FAILED = ("failed", "error")
+
+
+def run_defect(pytester: pytest.Pytester, defect: Defect, results: Path) -> dict[str, Any]:
+    """Run the defect's tests against the broken design; what ran, in which clauses, and which tests failed."""
+    with defect.applied() as design:
+        outcome = pytester.runpytest(
+            "-p", "no:cacheprovider", "--impl", design.name, "--results", str(results),
+            *(("-k", defect.select) if defect.select else ()),
+            *(str(SUITE / test) for test in defect.tests),
+        )
+    ran = json.loads(results.read_text())["results"] if results.is_file() else []
+    return dict(
+        name=defect.name, clause=defect.clause, design=defect.design, options=dict(defect.options),
+        what=defect.what, tests=list(defect.tests), select=defect.select, exit_code=int(outcome.ret),
+        ran=len(ran), clauses=sorted({r["clause"] for r in ran}),
+        failed=sorted({r["test_id"] for r in ran if r["outcome"] in FAILED}),
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("defect", CATALOGUE, ids=lambda d: f"{d.clause}-{d.name}")
+def test_the_suite_catches_the_defect_in_its_clause(pytester, defect, tmp_path, record_property):
+    record = run_defect(pytester, defect, tmp_path / "results.json")
+    record_property("defect", record)
+    assert record["ran"], f"no conformance test ran for {defect.tests} -k {defect.select!r}"
+    assert record["clauses"] == [defect.clause], f"the defect's tests belong to {record['clauses']}"
+    assert record["failed"], (
+        f"the suite missed the defect: {defect.design} that {defect.what} passed all {record['ran']} tests of"
+        f" {defect.clause} it ran ({', '.join(defect.tests)})"
+    )
+
+
+def test_the_catalogue_covers_every_clause_with_named_defects():
+    names = Counter(d.name for d in CATALOGUE)
+    assert not [n for n, count in names.items() if count > 1], names
+    per_clause = Counter(d.clause for d in CATALOGUE)
+    assert set(per_clause) == set(plugin.CLAUSES), f"clauses without a defect: {set(plugin.CLAUSES) - set(per_clause)}"
+    assert all(test.startswith(f"test_c{int(d.clause[1:]):02d}_") for d in CATALOGUE for test in d.tests)
+
+
+class _Records:
+    """Collects each catalogue case's record (its ``user_properties``) and whether the suite caught the defect."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.records += [dict(value, caught=report.passed) for key, value in report.user_properties if key == "defect"]
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.test_defect_catalogue PATH [pytest args]``: run the catalogue and write its outcomes to PATH."""
+    if not argv or argv[0].startswith("-"):
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    path, records = Path(argv[0]), _Records()
+    status = pytest.main([__file__, "-p", "no:cacheprovider", "-q", *argv[1:]], plugins=[records])
+    order = {d.name: position for position, d in enumerate(CATALOGUE)}
+    payload = dict(
+        schema=1, setup=plugin.run_setup(), clauses=plugin.CLAUSES,
+        defects=sorted(records.records, key=lambda r: order[r["name"]]),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"{len(records.records)} defects, {sum(r['caught'] for r in records.records)} caught: written to {path}")
+    return int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
