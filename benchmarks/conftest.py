@@ -5,7 +5,7 @@
   and no timing is asserted.
 - ``pytest --benchmark-only`` (or ``--benchmark-enable``): full sizes, warm-up plus measured rounds, medians, the
   promised figures asserted with noise margins, and at session end ``rfc/results/benchmarks-<kind>.json``
-  (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 (for example
+  (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 and S6 (for example
   ``-k S1``) writes ``.benchmarks/benchmarks-<kind>.partial.json`` instead, so it never clobbers a full result;
   ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
 """
@@ -13,7 +13,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,10 @@ class Sizes:
     s4_batches: int
     s4_rows: int
     s4_rounds: int
+    # S6: loading in workers, main-process hook work M, step compute C; max(M, C) is s6_base_ms
+    s6_base_ms: float
+    s6_batches: int
+    calibration_batches: int  # batches per calibration run (C: step-only through Lightning; L: load-only)
 
 
 SMOKE = Sizes(
@@ -60,6 +65,7 @@ SMOKE = Sizes(
     s2_r_ms=2.0, s2_c_ms=2.0, s2_batches=7,
     s3_batches=10, s3_rounds=1, s3_warmup=0,
     s4_c_ms=2.0, s4_batches=8, s4_rows=256, s4_rounds=1,
+    s6_base_ms=2.0, s6_batches=6, calibration_batches=3,
 )
 MEASURE = Sizes(
     rounds=5, warmup=1,
@@ -67,6 +73,7 @@ MEASURE = Sizes(
     s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=40,
     s3_batches=300, s3_rounds=11, s3_warmup=1,
     s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
+    s6_base_ms=10.0, s6_batches=48, calibration_batches=16,
 )
 FEATURES = 8  # columns after the id column in S1-S3 batches
 ROWS = 4  # rows per batch in S1-S3
@@ -83,9 +90,18 @@ class Bench:
     store: results.ResultStore
     setup: dict[str, Any]
 
+    calibrations: dict[str, Any] = field(default_factory=dict)
+
     def extra_info(self, benchmark: Any, row: dict[str, Any]) -> None:
         benchmark.extra_info.update(row)
         benchmark.extra_info["setup"] = self.setup
+
+    def calibrated(self, key: str, calibrate: Callable[[], Any]) -> Any:
+        """``calibrate()``'s result for ``key``, computed once per session and recorded in the notes."""
+        if key not in self.calibrations:
+            self.calibrations[key] = calibrate()
+            self.store.notes.setdefault("calibration", {})[key] = self.calibrations[key].as_note()
+        return self.calibrations[key]
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +156,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"the machine was busy when the run started (1-minute load average {at_start:.1f} on {os.cpu_count()}"
             " cores): every figure is noisier for it, and S2 needs both cores idle"
         )
-    complete = all(store.rows.get(s) for s in ("S1", "S2", "S3", "S4"))
+    complete = all(store.rows.get(s) for s in results.CPU_SCENARIOS)
     name = f"benchmarks-{results.MACHINE_KIND}.json"
     if os.environ.get("BENCHMARKS_RESULTS"):
         path = Path(os.environ["BENCHMARKS_RESULTS"])

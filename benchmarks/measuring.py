@@ -213,14 +213,23 @@ def efficiency(t_serial: float, t: float, t_ideal: float) -> float:
     return (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
 
 
+SERIAL, LOAD_ONLY, STEP_ONLY, STEP_ONLY_RAW = (
+    "baseline:regular", "baseline:load-only", "baseline:step-only", "baseline:step-only-raw")
+
+
 @dataclass(frozen=True)
 class Overlap:
-    """A design's time per batch against the serial, load-only and step-only baselines of the same point (ms)."""
+    """A design's time per batch against the serial, load-only and step-only baselines of the same point (ms).
+
+    T_ideal = max(L, C) with C the step-only run through stock Lightning's loop (what any design could at best
+    reach); ``c_raw`` is the same step in a plain PyTorch loop, kept as the raw-loop figure.
+    """
 
     t: float
     t_serial: float
     l: float
     c: float
+    c_raw: float | None
     efficiency: float
     efficiency_best_rounds: float  # from every entry's fastest round: noise only adds time, so the assertions use it
 
@@ -228,18 +237,58 @@ class Overlap:
     def t_ideal(self) -> float:
         return max(self.l, self.c)
 
+    @property
+    def t_ideal_raw(self) -> float | None:
+        return None if self.c_raw is None else max(self.l, self.c_raw)
 
-def overlap(data: Any, measurement: Any) -> Overlap:
+    @property
+    def efficiency_raw_ideal(self) -> float | None:
+        return None if self.c_raw is None else efficiency(self.t_serial, self.t, self.t_ideal_raw)
+
+    def row(self, n_batches: int) -> dict[str, Any]:
+        """The figures a design row records (rounded), including the ceiling a perfect pipeline reaches.
+
+        A perfect pipeline still produces the first batch before the first step: over n batches it gets
+        T = T_ideal + min(L, C) / n, so its efficiency is ``efficiency_ceiling``, not 1.
+        """
+        fill = min(self.l, self.c) / n_batches
+        gap = self.t_serial - self.t_ideal
+        return dict(
+            L_ms=rounded(self.l), C_ms=rounded(self.c), C_raw_ms=rounded(self.c_raw),
+            L_over_C_measured=rounded(self.l / self.c), time_per_batch_ms=rounded(self.t),
+            t_serial_ms=rounded(self.t_serial), t_ideal_ms=rounded(self.t_ideal),
+            t_ideal_raw_ms=rounded(self.t_ideal_raw), efficiency=rounded(self.efficiency),
+            efficiency_raw_ideal=rounded(self.efficiency_raw_ideal),
+            efficiency_ceiling=rounded((gap - fill) / gap if gap > 0 else float("nan")),
+            efficiency_best_rounds=rounded(self.efficiency_best_rounds),
+            speedup_vs_serial=rounded(self.t_serial / self.t),
+        )
+
+
+def overlap(data: Any, measurement: Any, serial: str = SERIAL) -> Overlap:
     """``measurement`` of one design against the baselines measured in the same interleaved rounds (``data``)."""
-    serial, load, step = (data.measurement(f"baseline:{b}") for b in ("regular", "load-only", "step-only"))
+    t_serial, load, step = (data.measurement(b) for b in (serial, LOAD_ONLY, STEP_ONLY))
+    raw = data.measurement(STEP_ONLY_RAW).median_ms if STEP_ONLY_RAW in data.kept else None
     return Overlap(
         t=measurement.median_ms,
-        t_serial=serial.median_ms,
+        t_serial=t_serial.median_ms,
         l=load.median_ms,
         c=step.median_ms,
-        efficiency=efficiency(serial.median_ms, measurement.median_ms, max(load.median_ms, step.median_ms)),
-        efficiency_best_rounds=efficiency(serial.min_ms, measurement.min_ms, max(load.min_ms, step.min_ms)),
+        c_raw=raw,
+        efficiency=efficiency(t_serial.median_ms, measurement.median_ms, max(load.median_ms, step.median_ms)),
+        efficiency_best_rounds=efficiency(t_serial.min_ms, measurement.min_ms, max(load.min_ms, step.min_ms)),
     )
+
+
+def versus_alternatives(data: Any, measurement: Any, alternatives: Sequence[str]) -> dict[str, Any]:
+    """Time ratio of an entry against each alternative of the point and the fastest one (< 1: the entry is faster)."""
+    times = {name: data.measurement(name).median_ms for name in alternatives}
+    best = min(times, key=times.get)
+    out: dict[str, Any] = {"best_alternative": best,
+                           "vs_best_alternative": rounded(measurement.median_ms / times[best])}
+    for name, t in times.items():
+        out[f"vs_{name.removeprefix('alt:').replace('-', '_')}"] = rounded(measurement.median_ms / t)
+    return out
 
 
 def rounded(value: float | None, digits: int = 4) -> float | None:

@@ -98,22 +98,55 @@ def test_targets_judge_designs_by_what_they_declare() -> None:
 
     designs = {"loads_ahead": design("loads_ahead", prefetch_depth_option="lookahead"), "plain": design("plain")}
     rows = {
-        "S1": [dict(design="loads_ahead[lookahead=2]", role="design", L_over_C=1.0, efficiency=0.96),
-               dict(design="loads_ahead[lookahead=2]", role="design", L_over_C=2.0, efficiency=0.5),
-               dict(design="plain", role="design", L_over_C=1.0, efficiency=0.0)],
-        "S3": [dict(design="plain", role="design", flavour="dataloader_iter", overhead_vs_regular=1.1),
-               dict(design="plain", role="design", flavour="regular", overhead_vs_regular=1.0)],
+        "S1": [dict(design="loads_ahead[lookahead=2]", role="design", default=True, point="L=C", L_over_C=1.0,
+                    L_over_C_measured=0.98, efficiency=0.96, vs_best_alternative=0.9),
+               dict(design="loads_ahead[lookahead=0]", role="design", default=False, point="L=C", L_over_C=1.0,
+                    efficiency=0.0, vs_best_alternative=2.0),
+               dict(design="loads_ahead[lookahead=2]", role="design", default=True, point="L=2C", L_over_C=2.0,
+                    efficiency=0.5, vs_best_alternative=1.2),
+               dict(design="plain", role="design", default=True, point="L=C", L_over_C=1.0, efficiency=0.0),
+               dict(design="alt:workers", role="alternative", point="L=C", L_over_C=1.0, efficiency=0.99)],
+        "S3": [dict(design="plain", role="design", default=True, flavour="dataloader_iter", overhead_vs_regular=1.1),
+               dict(design="plain", role="design", default=True, flavour="regular", overhead_vs_regular=1.0)],
         "S4": [dict(design="loads_ahead[lookahead=4]", role="design", depth=4, peak_in_flight=6),
                dict(design="baseline:regular", role="baseline", depth=None, peak_in_flight=1)],
     }
     judged = targets.evaluate_targets(rows, designs)
-    assert judged["S1"]["results"] == [dict(design="loads_ahead[lookahead=2]", value=0.96, met=True)]
+    # only the registered configuration of a design that prefetches, at L = C; the measured ratio travels along
+    assert judged["S1"]["results"] == [dict(design="loads_ahead[lookahead=2]", value=0.96, met=True, point="L=C",
+                                            L_over_C_measured=0.98)]
+    assert [(r["point"], r["met"]) for r in judged["S1-alternatives"]["results"]] == [("L=C", True), ("L=2C", False)]
     assert judged["S3"]["results"] == [dict(design="plain", value=1.1, met=False)]
     assert judged["S4"]["results"] == [dict(design="loads_ahead[lookahead=4]", value=6, limit=5, met=False)]
     assert judged["S2"]["results"] == [] and "note" in judged["S2"]
+    assert judged["S6"]["results"] == [] and "note" in judged["S6"]
     # the same rows with no design declaring that it prefetches: nothing is judged against the S1 target
     assert targets.evaluate_targets(rows, {"loads_ahead": design("loads_ahead"), "plain": designs["plain"]})["S1"][
         "results"] == []
+
+
+def test_calibration_lands_on_the_target_despite_a_loop_cost_and_a_slower_core() -> None:
+    # a loop costing 1.2 ms per batch and matmuls 30 % slower than the burner's idle-core figure
+    def step_only_ms(iterations: int) -> float:
+        return 1.2 + 1.3 * 0.36 * iterations
+
+    calibration = workloads.calibrate_step(step_only_ms, 20.0, ms_per_iteration=0.36)
+    assert abs(calibration.measured_ms - 20.0) < 0.5 and calibration.overhead_ms == 1.2
+    assert abs(calibration.first_ms - 20.0) > 2.0  # the uncorrected guess would have missed C by this much
+
+    load = workloads.calibrate_load(lambda sleep_ms: sleep_ms + 0.7, 20.0)
+    assert load.value == pytest.approx(19.3) and load.measured_ms == pytest.approx(20.0)
+
+
+def test_design_entries_add_the_depths_of_a_design_that_prefetches_only() -> None:
+    entries = workloads.design_entries((0, 1, 2, 4))
+    for design in entries.values():
+        assert design.prefetch_depth_option or workloads.is_default(design)
+    prefetching = [d for d in entries.values() if d.prefetch_depth_option]
+    for name in {d.name for d in prefetching}:
+        depths = [workloads.depth_of(d) for d in prefetching if d.name == name]
+        assert {0, 1, 2, 4} <= set(depths) and len(depths) == len(set(depths))
+        assert sum(workloads.is_default(d) for d in prefetching if d.name == name) == 1
 
 
 def _git(root: Path, *args: str) -> None:

@@ -1,9 +1,13 @@
 """S1 I/O-bound loading: items take L ms to produce (sleep), the step computes C ms; does loading overlap the step?
 
 Per L/C point, interleaved round by round in one session: stock Lightning's regular flavour (T_serial), a
-load-only and a step-only run (T_ideal = max of the two), and every registered design running the plainest
-``training_step(self, dataloader_iter)``. Efficiency e = (T_serial - T) / (T_serial - T_ideal): 0 is no overlap,
-1 is perfect overlap.
+load-only run and a step-only run (stock Lightning's loop over batches already in memory, the same step; T_ideal is
+the larger of the two), the same step in a raw PyTorch loop (the raw-loop figure), the alternatives a user has
+today (stock regular flavour with DataLoader workers; stock ``dataloader_iter`` flavour over the loader wrapped in
+torchdata ``nodes`` prefetching), and every registered design running the plainest
+``training_step(self, dataloader_iter)``, the prefetching ones also at depth 0, 1, 2 and 4. Before the rounds, the
+step's work and the load's sleep are calibrated so that the step-only and load-only runs measure the nominal C and
+L. Efficiency e = (T_serial - T) / (T_serial - T_ideal): 0 is no overlap, 1 is perfect overlap.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ import pytest
 
 from benchmarks import measuring, workloads
 from benchmarks.conftest import FEATURES, ROWS
-from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S1 I/O-bound loading (time per batch)", timer=measuring.span_clock),
@@ -24,41 +27,74 @@ pytestmark = [
 # point -> (L, C) as multiples of Sizes.s1_base_ms: the longer of the two is always the base, which keeps the
 # serial run of L = 2C as cheap as that of L = C/2.
 POINTS = {"L=0.5C": (0.5, 1.0), "L=C": (1.0, 1.0), "L=2C": (1.0, 0.5)}
-BASELINES = ("baseline:regular", "baseline:load-only", "baseline:step-only")
-FLAVOUR = {"baseline:regular": "regular", "baseline:load-only": "load-only", "baseline:step-only": "step-only"}
-CASES = [(point, who) for point in POINTS for who in (*BASELINES, *IMPLEMENTATIONS)]
+DEPTHS = (0, 1, 2, 4)
+BASELINES = (measuring.SERIAL, measuring.LOAD_ONLY, measuring.STEP_ONLY, measuring.STEP_ONLY_RAW)
+ALTERNATIVES = ("alt:workers", "alt:nodes-prefetch")
+FLAVOUR = {measuring.SERIAL: "regular", measuring.LOAD_ONLY: "load-only", measuring.STEP_ONLY: "step-only",
+           measuring.STEP_ONLY_RAW: "step-only (raw loop)", "alt:workers": "regular",
+           "alt:nodes-prefetch": "dataloader_iter"}
+ENTRIES = workloads.design_entries(DEPTHS)
+CASES = [(point, who) for point in POINTS for who in (*BASELINES, *ALTERNATIVES, *ENTRIES)]
 
 
-
-def _l_c(bench, point: str) -> tuple[float, float]:
+def _targets(bench, point: str) -> tuple[float, float]:
     l_factor, c_factor = POINTS[point]
     return l_factor * bench.sizes.s1_base_ms, c_factor * bench.sizes.s1_base_ms
 
 
-def _once(bench, point: str, who: str) -> measuring.Probe:
-    l_ms, c_ms = _l_c(bench, point)
-    n = bench.sizes.s1_batches
-    iterations = bench.burner.iterations_for(c_ms)
-    probe = measuring.Probe()
-    dataset = workloads.TimedDataset(n, l_ms, probe, ROWS, FEATURES)
-    if who == "baseline:load-only":
-        workloads.run_load_only(probe, workloads.loader(dataset))
-    elif who == "baseline:step-only":
-        batches = [dataset.make(i) for i in range(n)]
-        workloads.run_step_only(workloads.RegularStep(probe, FEATURES, bench.burner, iterations), batches)
-    elif who == "baseline:regular":
+def _step_only_ms(bench, n: int, iterations: int) -> float:
+    def run(probe: measuring.Probe) -> None:
+        dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
         module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
-        workloads.fit(workloads.make_trainer(None, bench.root), module, workloads.loader(dataset))
+        workloads.run_step_only(module, [dataset.make(i) for i in range(n)], bench.root)
+    return workloads.timed_epoch(run, n)
+
+
+def _load_only_ms(n: int, sleep_ms: float) -> float:
+    def run(probe: measuring.Probe) -> None:
+        workloads.run_load_only(probe, workloads.loader(workloads.TimedDataset(n, sleep_ms, probe, ROWS, FEATURES)))
+    return workloads.timed_epoch(run, n)
+
+
+def _knobs(bench, point: str) -> tuple[int, float]:
+    """Matmul iterations and sleep (ms) that make the step-only and load-only runs measure this point's C and L."""
+    l_ms, c_ms = _targets(bench, point)
+    n = bench.sizes.calibration_batches
+    step = bench.calibrated(f"S1 C={c_ms:g}", lambda: workloads.calibrate_step(
+        partial(_step_only_ms, bench, n), c_ms, bench.burner.ms_per_matmul))
+    load = bench.calibrated(f"S1 L={l_ms:g}", lambda: workloads.calibrate_load(partial(_load_only_ms, n), l_ms))
+    return int(step.value), load.value
+
+
+def _once(bench, point: str, who: str) -> measuring.Probe:
+    iterations, sleep_ms = _knobs(bench, point)
+    n = bench.sizes.s1_batches
+    probe = measuring.Probe()
+    dataset = workloads.TimedDataset(n, sleep_ms, probe, ROWS, FEATURES)
+    regular = partial(workloads.RegularStep, probe, FEATURES, bench.burner, iterations)
+    if who == measuring.LOAD_ONLY:
+        workloads.run_load_only(probe, workloads.loader(dataset))
+    elif who == measuring.STEP_ONLY:
+        workloads.run_step_only(regular(), [dataset.make(i) for i in range(n)], bench.root)
+    elif who == measuring.STEP_ONLY_RAW:
+        workloads.run_raw_step_only(regular(), [dataset.make(i) for i in range(n)])
+    elif who == measuring.SERIAL:
+        workloads.fit(workloads.make_trainer(None, bench.root), regular(), workloads.loader(dataset))
+    elif who == "alt:workers":
+        workloads.fit_closing(None, bench.root, regular(), workloads.loader(dataset, workloads.ALTERNATIVE_WORKERS))
+    elif who == "alt:nodes-prefetch":
+        module = workloads.IterStep(probe, FEATURES, bench.burner, iterations)
+        workloads.fit_closing(None, bench.root, module, workloads.loader(dataset), wrap=workloads.nodes_loader)
     else:
         module = workloads.IterStep(probe, FEATURES, bench.burner, iterations)
-        workloads.fit(workloads.make_trainer(IMPLEMENTATIONS[who], bench.root), module, workloads.loader(dataset))
+        workloads.fit(workloads.make_trainer(ENTRIES[who], bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
 
 
 def _point(bench, point: str) -> measuring.Interleaved:
     sizes = bench.sizes
-    runs = {who: partial(_once, bench, point, who) for who in (*BASELINES, *IMPLEMENTATIONS)}
+    runs = {who: partial(_once, bench, point, who) for who in (*BASELINES, *ALTERNATIVES, *ENTRIES)}
     return bench.store.point(
         ("S1", point), lambda: measuring.Interleaved(runs, sizes.s1_batches, sizes.rounds, sizes.warmup)
     )
@@ -67,11 +103,11 @@ def _point(bench, point: str) -> measuring.Interleaved:
 @pytest.mark.parametrize(("point", "who"), CASES, ids=[f"{p}-{w}" for p, w in CASES])
 def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
     sizes = bench.sizes
-    l_ms, c_ms = _l_c(bench, point)
+    l_ms, c_ms = _targets(bench, point)
     data = _point(bench, point)
     measurement = data.measurement(who)
     measuring.report(benchmark, measurement)
-    common = dict(L_target_ms=l_ms, C_target_ms=c_ms, L_over_C=l_ms / c_ms, n_batches=sizes.s1_batches)
+    common = dict(point=point, L_target_ms=l_ms, C_target_ms=c_ms, L_over_C=l_ms / c_ms, n_batches=sizes.s1_batches)
 
     if who in BASELINES:
         row = dict(design=who, role="baseline", flavour=FLAVOUR[who], **common,
@@ -81,26 +117,21 @@ def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
         return
 
     o = measuring.overlap(data, measurement)
-    # A perfect pipeline still loads the first batch before the first step: over n batches it gets
-    # T = T_ideal + min(L, C) / n, so its efficiency is this ceiling, not 1.
-    fill = min(o.l, o.c) / sizes.s1_batches
-    ceiling = (o.t_serial - o.t_ideal - fill) / (o.t_serial - o.t_ideal) if o.t_serial > o.t_ideal else float("nan")
-    row = dict(
-        design=IMPLEMENTATIONS[who].id, role="design", flavour="dataloader_iter", **common,
-        L_ms=measuring.rounded(o.l), C_ms=measuring.rounded(o.c), L_over_C_measured=measuring.rounded(o.l / o.c),
-        time_per_batch_ms=measuring.rounded(o.t), t_serial_ms=measuring.rounded(o.t_serial),
-        t_ideal_ms=measuring.rounded(o.t_ideal), efficiency=measuring.rounded(o.efficiency),
-        efficiency_ceiling=measuring.rounded(ceiling), efficiency_best_rounds=measuring.rounded(o.efficiency_best_rounds),
-        speedup_vs_serial=measuring.rounded(o.t_serial / o.t),
-        rounds=measurement.rounds,
-    )
+    if who in ALTERNATIVES:
+        row = dict(design=who, role="alternative", flavour=FLAVOUR[who], **common, **o.row(sizes.s1_batches),
+                   rounds=measurement.rounds)
+    else:
+        design = ENTRIES[who]
+        row = dict(design=design.id, role="design", flavour="dataloader_iter", depth=workloads.depth_of(design),
+                   default=workloads.is_default(design), **common, **o.row(sizes.s1_batches),
+                   **measuring.versus_alternatives(data, measurement, ALTERNATIVES), rounds=measurement.rounds)
     bench.extra_info(benchmark, row)
     bench.store.record("S1", row)
 
-    if bench.measuring:
+    if bench.measuring and who in ENTRIES and workloads.is_default(ENTRIES[who]):
         # the design's own promise (Design.promised_s1_efficiency), a floor with a margin for noise, applied to the
         # efficiency of each entry's fastest round; the target itself (0.95 at L = C) is recorded, not asserted
-        floor = IMPLEMENTATIONS[who].promised_s1_efficiency.get(point)
+        floor = ENTRIES[who].promised_s1_efficiency.get(point)
         if floor is not None:
             assert o.efficiency_best_rounds >= floor, (
                 f"{who} at {point}: overlap efficiency {o.efficiency_best_rounds:.3f} (best rounds; median-based"

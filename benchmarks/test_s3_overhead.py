@@ -2,7 +2,8 @@
 
 Interleaved round by round in one session: a raw PyTorch loop over the same loader and model, stock Lightning's regular flavour,
 then every design with the plainest ``training_step(self, dataloader_iter)`` and, since every design must run the
-regular flavour as stock Lightning does (C1), with ``training_step(self, batch, batch_idx)`` too.
+regular flavour as stock Lightning does (C1), with ``training_step(self, batch, batch_idx)`` too; the prefetching
+designs also at depth 0, 1, 2 and 4 (``dataloader_iter`` flavour: the regular flavour does not use the depth).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import pytest
 
 from benchmarks import measuring, workloads
 from benchmarks.conftest import FEATURES
-from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S3 overhead, tiny model, L = 0 (time per batch)", timer=measuring.span_clock),
@@ -21,8 +21,11 @@ pytestmark = [
 ]
 
 BASELINES = ("baseline:raw-pytorch", "baseline:regular")
+DEPTHS = (0, 1, 2, 4)
+ENTRIES = workloads.design_entries(DEPTHS)
 CASES = [(who, "-") for who in BASELINES] + [
-    (who, flavour) for who in IMPLEMENTATIONS for flavour in ("dataloader_iter", "regular")
+    (who, flavour) for who, design in ENTRIES.items()
+    for flavour in (("dataloader_iter", "regular") if workloads.is_default(design) else ("dataloader_iter",))
 ]
 ROWS = 1  # batch size 1: the per-batch machinery dominates
 
@@ -36,7 +39,7 @@ def _once(bench, who: str, flavour: str) -> measuring.Probe:
     else:
         module_type = workloads.IterStep if flavour == "dataloader_iter" else workloads.RegularStep
         module = module_type(probe, FEATURES, bench.burner, 0)
-        design = None if who == "baseline:regular" else IMPLEMENTATIONS[who]
+        design = None if who == "baseline:regular" else ENTRIES[who]
         workloads.fit(workloads.make_trainer(design, bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
@@ -63,8 +66,10 @@ def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
     else:
         regular = data.measurement("baseline:regular--").median_ms
         raw = data.measurement("baseline:raw-pytorch--").median_ms
+        design = ENTRIES[who]
         row = dict(
-            design=IMPLEMENTATIONS[who].id, role="design", flavour=flavour, n_batches=n,
+            design=design.id, role="design", flavour=flavour, depth=workloads.depth_of(design),
+            default=workloads.is_default(design), n_batches=n,
             time_per_batch_ms=measuring.rounded(t), t_regular_ms=measuring.rounded(regular),
             t_raw_ms=measuring.rounded(raw), overhead_vs_regular=measuring.rounded(t / regular),
             overhead_vs_raw=measuring.rounded(t / raw), rounds=measurement.rounds,

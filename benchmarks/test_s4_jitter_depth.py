@@ -1,8 +1,8 @@
 """S4 jitter and depth: load times drawn per item (exponential, fixed seed, mean C), large batches.
 
-Every design that prefetches (``Design.prefetch_depth_option``) runs at depth 1, 2, 4 and 8, every other
-design at its defaults; baselines as in S1 (stock regular flavour, load-only, step-only); all interleaved round
-by round. Per run: efficiency, peak process RSS (psutil, sampled whenever a batch is produced or received) and
+Every design runs at its defaults, and every design that prefetches (``Design.prefetch_depth_option``) also at
+depth 1, 2, 4 and 8; baselines as in S1 (stock regular flavour, load-only, step-only through stock Lightning and
+its raw-loop figure); all interleaved round by round. Per run: efficiency, peak process RSS (psutil, sampled whenever a batch is produced or received) and
 peak batches in flight (produced by the dataset but not yet received by the step), both observed from the
 dataset and step side.
 """
@@ -14,7 +14,6 @@ from functools import partial
 import pytest
 
 from benchmarks import measuring, workloads
-from prototypes import IMPLEMENTATIONS
 
 pytestmark = [
     pytest.mark.benchmark(group="S4 jitter and depth (time per batch)", timer=measuring.span_clock),
@@ -22,58 +21,41 @@ pytestmark = [
 ]
 
 DEPTHS = (1, 2, 4, 8)
-BASELINES = ("baseline:regular", "baseline:load-only", "baseline:step-only")
+BASELINES = (measuring.SERIAL, measuring.LOAD_ONLY, measuring.STEP_ONLY, measuring.STEP_ONLY_RAW)
+ENTRIES = workloads.design_entries(DEPTHS)
 FEATURES = 1023  # + the id column: 1024 float32 columns, 4 KiB per row
 SEED = 7
+CASES = [*BASELINES, *ENTRIES]
 
 
-def _cases() -> list:
-    cases = [pytest.param(who, None, id=who) for who in BASELINES]
-    prefetching = [name for name, design in IMPLEMENTATIONS.items() if design.prefetch_depth_option]
-    cases += [pytest.param(name, None, id=design.id) for name, design in IMPLEMENTATIONS.items()
-              if name not in prefetching]
-    cases += [pytest.param(name, depth, id=_key(name, depth)) for name in prefetching for depth in DEPTHS]
-    return cases
-
-
-def _key(who: str, depth: int | None) -> str:
-    return who if depth is None else _design(who, depth).id
-
-
-def _design(who: str, depth: int | None):
-    design = IMPLEMENTATIONS[who]
-    return design if depth is None else design.variant(**{design.prefetch_depth_option: depth})
-
-
-def _once(bench, who: str, depth: int | None) -> measuring.Probe:
+def _once(bench, who: str) -> measuring.Probe:
     sizes = bench.sizes
     n = sizes.s4_batches
     iterations = bench.burner.iterations_for(sizes.s4_c_ms)
     probe = measuring.Probe(track_rss=True)
     dataset = workloads.TimedDataset(n, workloads.jittered_loads(n, sizes.s4_c_ms, SEED), probe, sizes.s4_rows, FEATURES)
-    if who == "baseline:load-only":
+    regular = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
+    if who == measuring.LOAD_ONLY:
         workloads.run_load_only(probe, workloads.loader(dataset))
-    elif who == "baseline:step-only":
+    elif who in (measuring.STEP_ONLY, measuring.STEP_ONLY_RAW):
         batches = [dataset.make(i) for i in range(n)]
-        workloads.run_step_only(workloads.RegularStep(probe, FEATURES, bench.burner, iterations), batches)
+        if who == measuring.STEP_ONLY:
+            workloads.run_step_only(regular, batches, bench.root)
+        else:
+            workloads.run_raw_step_only(regular, batches)
         del batches
-    elif who == "baseline:regular":
-        module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
-        workloads.fit(workloads.make_trainer(None, bench.root), module, workloads.loader(dataset))
+    elif who == measuring.SERIAL:
+        workloads.fit(workloads.make_trainer(None, bench.root), regular, workloads.loader(dataset))
     else:
         module = workloads.IterStep(probe, FEATURES, bench.burner, iterations)
-        workloads.fit(workloads.make_trainer(_design(who, depth), bench.root), module, workloads.loader(dataset))
+        workloads.fit(workloads.make_trainer(ENTRIES[who], bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
 
 
 def _point(bench) -> measuring.Interleaved:
     sizes = bench.sizes
-    runs = {}
-    for case in _cases():
-        who, depth = case.values
-        if who in IMPLEMENTATIONS or who in BASELINES:
-            runs[_key(who, depth)] = partial(_once, bench, who, depth)
+    runs = {who: partial(_once, bench, who) for who in CASES}
     return bench.store.point(("S4",), lambda: measuring.Interleaved(runs, sizes.s4_batches, sizes.s4_rounds, sizes.warmup))
 
 
@@ -86,13 +68,13 @@ def mmap_threshold(bench):
     return threshold
 
 
-@pytest.mark.parametrize(("who", "depth"), _cases())
-def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str, depth: int | None) -> None:
+@pytest.mark.parametrize("who", CASES)
+def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str) -> None:
     sizes = bench.sizes
     n = sizes.s4_batches
     batch_mb = sizes.s4_rows * (FEATURES + 1) * 4 / 2**20
     data = _point(bench)
-    measurement = data.measurement(_key(who, depth))
+    measurement = data.measurement(who)
     measuring.report(benchmark, measurement)
     common = dict(
         L_mean_ms=sizes.s4_c_ms, L_distribution=f"exponential, mean C, seed {SEED}", C_target_ms=sizes.s4_c_ms,
@@ -109,17 +91,18 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str, depth: int 
         return
 
     o = measuring.overlap(data, measurement)
-    design = _design(who, depth)
+    design = ENTRIES[who]
+    depth = workloads.depth_of(design)
+    figures = o.row(n)
     row = dict(
-        design=design.id, role="design", depth=depth, **common,
-        L_ms=measuring.rounded(o.l), C_ms=measuring.rounded(o.c),
-        t_serial_ms=measuring.rounded(o.t_serial), t_ideal_ms=measuring.rounded(o.t_ideal),
-        efficiency=measuring.rounded(o.efficiency), efficiency_best_rounds=measuring.rounded(o.efficiency_best_rounds),
-        in_flight_limit=None if depth is None else depth + 1,
+        design=design.id, role="design", depth=depth, default=workloads.is_default(design), **common,
+        **{k: figures[k] for k in ("L_ms", "C_ms", "C_raw_ms", "t_serial_ms", "t_ideal_ms", "t_ideal_raw_ms",
+                                   "efficiency", "efficiency_raw_ideal", "efficiency_best_rounds")},
+        in_flight_limit=depth + 1 if isinstance(depth, int) else None,  # a depth the design chooses: no fixed limit
     )
     bench.extra_info(benchmark, row)
     bench.store.record("S4", row)
-    if bench.measuring and depth is not None:
+    if bench.measuring and row["in_flight_limit"] is not None:
         assert row["peak_in_flight"] <= depth + 1, (
             f"{design.id}: {row['peak_in_flight']} batches were produced but not yet received by the step,"
             f" more than depth + 1 = {depth + 1}"

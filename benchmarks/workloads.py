@@ -5,8 +5,14 @@
 - ``Burner`` is calibrated real tensor work (square matmuls with ``TORCH_THREADS`` intra-op threads), so a step
   "computing for C ms" runs ``Burner.iterations_for(C)`` matmuls.
 - ``RegularStep`` / ``IterStep`` are the two flavours of one module; ``make_trainer`` builds stock Lightning's or a
-  design's Trainer with the suite's quiet defaults; ``run_raw_loop``, ``run_load_only`` and ``run_step_only`` are
-  the baselines.
+  design's Trainer with the suite's quiet defaults; ``run_load_only``, ``run_step_only`` (stock Lightning over
+  batches already in memory: the ideal's step side) and ``run_raw_loop`` (plain PyTorch) are the baselines.
+- ``loader`` is the scenarios' DataLoader (``num_workers=0`` unless asked), ``nodes_loader`` the same loader wrapped
+  in torchdata ``nodes`` prefetching: with ``loader(..., workers=2)`` the two alternatives a user would pick today.
+- ``calibrate_step`` / ``calibrate_load`` set the work and the sleep so that what the baselines measure lands on the
+  nominal C and L (``Calibration`` records how).
+- ``design_entries`` lists what a scenario runs for the designs: each at its defaults, plus each prefetching design
+  at the depths asked for (read from ``Design.prefetch_depth_option``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +31,11 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from torchdata import nodes
+
 from benchmarks.measuring import Probe
+from prototypes import IMPLEMENTATIONS
+from prototypes.common import Design
 from tests.conformance.harness import QUIET
 
 TORCH_THREADS = 1  # one core for the step, the other for whatever a design or step runs alongside it
@@ -69,9 +80,20 @@ class TimedDataset(Dataset):
         return batch
 
 
-def loader(dataset: Dataset) -> DataLoader:
-    """The loader every scenario uses: one item per batch, ``num_workers=0`` (loading runs where it is called)."""
-    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=0)
+ALTERNATIVE_WORKERS = 2  # DataLoader workers of the alternatives (one per core of the measuring machine)
+NODES_PREFETCH_FACTOR = 2  # torchdata.nodes.Prefetcher's batches in flight in the torchdata alternative
+
+
+def loader(dataset: Dataset, workers: int = 0) -> DataLoader:
+    """The loader every scenario uses: one item per batch; ``num_workers=0`` (loading runs where it is called)
+    unless ``workers`` is given (then with ``persistent_workers=True``, as a user hiding latency would set it)."""
+    return DataLoader(dataset, batch_size=None, shuffle=False, num_workers=workers, persistent_workers=workers > 0)
+
+
+def nodes_loader(data: DataLoader) -> nodes.Loader:
+    """``data`` wrapped in torchdata ``nodes`` prefetching: a thread iterates the loader and keeps
+    ``NODES_PREFETCH_FACTOR`` batches ready; Lightning still runs the batch-transfer hooks on the main thread."""
+    return nodes.Loader(nodes.Prefetcher(nodes.IterableWrapper(data), NODES_PREFETCH_FACTOR))
 
 
 def jittered_loads(n: int, mean_ms: float, seed: int) -> list[float]:
@@ -114,6 +136,9 @@ class Burner:
         return max(0, round(ms / self.ms_per_matmul))
 
     def run(self, iterations: int) -> torch.Tensor:
+        # Why per call: torch.set_num_threads sets only the calling thread's team size, and a design's or a
+        # library's thread would otherwise run these matmuls on every core (and spin against the step)
+        torch.set_num_threads(TORCH_THREADS)
         out = torch.empty(self.size, self.size)  # per call: safe to run from several threads at once
         for _ in range(iterations):
             torch.mm(self.a, self.b, out=out)
@@ -122,15 +147,31 @@ class Burner:
 
 # ------------------------------------------------------------------------------------------------- modules
 class BenchModule(pl.LightningModule):
-    """A tiny linear model plus ``burn_iterations`` calibrated matmuls per batch; records epoch start/end."""
+    """A tiny linear model plus ``burn_iterations`` calibrated matmuls per batch; records epoch start/end.
 
-    def __init__(self, probe: Probe, features: int, burner: Burner, burn_iterations: int) -> None:
+    ``hook_iterations`` matmuls per batch run in the batch-transfer hooks (half in ``on_before_batch_transfer``,
+    half in ``on_after_batch_transfer``): S6's main-process work M, the CPU stand-in for host-to-device copies and
+    device-side augmentation, which DataLoader workers cannot take.
+    """
+
+    def __init__(
+        self, probe: Probe, features: int, burner: Burner, burn_iterations: int, hook_iterations: int = 0
+    ) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.layer = nn.Linear(features, 1)
         self.probe = probe
         self.burner = burner
         self.burn_iterations = burn_iterations
+        self.hook_iterations = (hook_iterations // 2, hook_iterations - hook_iterations // 2)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self.burner.run(self.hook_iterations[0])
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        self.burner.run(self.hook_iterations[1])
+        return batch
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-3)
@@ -188,6 +229,20 @@ def fit(trainer: pl.Trainer, module: pl.LightningModule, data: DataLoader) -> No
         trainer.fit(module, train_dataloaders=data)
 
 
+def fit_closing(
+    design: Any | None, root: Path, module: pl.LightningModule, data: DataLoader,
+    wrap: Callable[[DataLoader], Iterable[Any]] | None = None,
+) -> None:
+    """``fit`` over ``data`` (or ``wrap(data)``), then stop ``data``'s persistent workers, so no run leaves
+    processes behind that compete with the next one."""
+    try:
+        fit(make_trainer(design, root), module, wrap(data) if wrap is not None else data)
+    finally:
+        workers = getattr(data, "_iterator", None)
+        if workers is not None and hasattr(workers, "_shutdown_workers"):
+            workers._shutdown_workers()
+
+
 def make_trainer(design: Any | None, root: Path, **overrides: Any) -> pl.Trainer:
     """A Trainer for ``design`` (a registry entry), or stock ``pl.Trainer`` when ``design`` is None."""
     kwargs = {**QUIET, "default_root_dir": str(root), **overrides}
@@ -216,6 +271,94 @@ def run_load_only(probe: Probe, data: DataLoader) -> None:
     probe.epoch_ended()
 
 
-def run_step_only(module: BenchModule, batches: Sequence[torch.Tensor]) -> None:
-    """Only the step's work on batches that are already there: T_ideal's C side (the raw loop over a list)."""
+def run_step_only(module: BenchModule, batches: Sequence[torch.Tensor], root: Path) -> None:
+    """T_ideal's C side: stock Lightning's regular flavour over batches already in memory (L = 0), the same step.
+
+    Why Lightning's loop and not a raw one: every design runs inside Lightning's loop and pays its per-batch cost,
+    so the best any design can do is this loop with loading taking no time at all.
+    """
+    fit(make_trainer(None, root), module, DataLoader(list(batches), batch_size=None, shuffle=False))
+
+
+def run_raw_step_only(module: BenchModule, batches: Sequence[torch.Tensor]) -> None:
+    """The same step's work in a plain PyTorch loop over batches already in memory (kept as the raw-loop figure)."""
     run_raw_loop(module, batches)
+
+
+# ------------------------------------------------------------------------------------------------- calibration
+@dataclass
+class Calibration:
+    """How a nominal time was hit: the knob's value and what the baseline measured before and after."""
+
+    target_ms: float
+    value: float  # matmul iterations for C, sleep milliseconds for L
+    first_ms: float  # measured with the uncalibrated knob
+    measured_ms: float  # measured with ``value``
+    overhead_ms: float = 0.0  # C: the loop's own cost per batch (the step-only run with no work)
+
+    def as_note(self) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in self.__dict__.items()}
+
+
+CALIBRATION_BATCHES = 16
+CALIBRATION_TOLERANCE = 0.03  # re-measure and correct once more when the first correction misses by more than this
+
+
+def calibrate_step(step_only_ms: Callable[[int], float], target_ms: float, ms_per_iteration: float) -> Calibration:
+    """Matmul iterations that make the step-only baseline (``step_only_ms(iterations)``, per batch) take ``target_ms``.
+
+    The baseline includes Lightning's per-batch cost and runs under whatever else the machine does, so the
+    burner's own calibration (one matmul on an idle core) misses C by a few milliseconds; measuring the loop with
+    no work and with a first guess gives the loop's cost and the real cost per iteration.
+    """
+    overhead = step_only_ms(0)
+    guess = max(1, round((target_ms - overhead) / ms_per_iteration))
+    first = step_only_ms(guess)
+    per_iteration = max((first - overhead) / guess, 1e-6)
+    iterations = max(0, round((target_ms - overhead) / per_iteration))
+    measured = step_only_ms(iterations)
+    if abs(measured - target_ms) > CALIBRATION_TOLERANCE * target_ms and iterations:
+        per_iteration = max((measured - overhead) / iterations, 1e-6)
+        iterations = max(0, round((target_ms - overhead) / per_iteration))
+        measured = step_only_ms(iterations)
+    return Calibration(target_ms, iterations, first, measured, overhead)
+
+
+def calibrate_load(load_only_ms: Callable[[float], float], target_ms: float) -> Calibration:
+    """The sleep that makes the load-only baseline (``load_only_ms(sleep_ms)``, per batch) take ``target_ms``:
+    building the batch and the loader's own work come on top of the sleep and are taken off it."""
+    first = load_only_ms(target_ms)
+    sleep = max(0.0, target_ms - (first - target_ms))
+    return Calibration(target_ms, sleep, first, load_only_ms(sleep))
+
+
+def timed_epoch(run: Callable[[Probe], None], n: int) -> float:
+    """Milliseconds per batch of one run of ``run(probe)`` over ``n`` batches."""
+    probe = Probe()
+    run(probe)
+    return probe.span() / n * 1000.0
+
+
+# ------------------------------------------------------------------------------------------------- entries
+def design_entries(depths: Sequence[int]) -> dict[str, Design]:
+    """Entry key -> design: every registered design at its defaults, and every design that prefetches
+    (``Design.prefetch_depth_option``) also at each of ``depths`` (its default kept once)."""
+    entries: dict[str, Design] = {}
+    for design in IMPLEMENTATIONS.values():
+        entries[design.id] = design
+        if design.prefetch_depth_option:
+            for depth in depths:
+                variant = design.variant(**{design.prefetch_depth_option: depth})
+                entries.setdefault(variant.id, variant)
+    return entries
+
+
+def depth_of(design: Design) -> Any:
+    """The prefetch depth a design entry runs at (None for a design that does not prefetch)."""
+    option = design.prefetch_depth_option
+    return design.options.get(option) if option else None
+
+
+def is_default(design: Design) -> bool:
+    """Whether the entry is its design's registered configuration (the one targets judge)."""
+    return design.id == IMPLEMENTATIONS[design.name].id

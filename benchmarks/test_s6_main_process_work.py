@@ -1,0 +1,149 @@
+"""S6 the work workers cannot take: loading in DataLoader workers plus main-process work M per batch in the
+batch-transfer hooks (the CPU stand-in for host-to-device copies and device-side augmentation), step compute C.
+
+Loading (L = ``Sizes.s6_base_ms`` of sleep per item) runs in ``workloads.ALTERNATIVE_WORKERS`` DataLoader workers
+with ``persistent_workers=True``, so it costs the main process little; M is calibrated matmuls in
+``on_before_batch_transfer`` / ``on_after_batch_transfer``, at M/C = 0.5, 1 and 2. Per point, interleaved round by
+round: stock Lightning's regular flavour over that loader (T_serial, and the first alternative: it is what a user
+with workers runs today), the same loader wrapped in torchdata ``nodes`` prefetching under stock Lightning's
+``dataloader_iter`` flavour (the second alternative), a load-only run (the loader plus the hooks' work, no step), a
+step-only run (stock Lightning over batches already in memory, no hook work) and its raw-loop figure, and every
+registered design, the prefetching ones also at depth 0, 1, 2 and 4.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from functools import partial
+
+import pytest
+
+from benchmarks import measuring, workloads
+from benchmarks.conftest import FEATURES, ROWS
+
+pytestmark = [
+    pytest.mark.benchmark(group="S6 main-process work in the transfer hooks (time per batch)",
+                          timer=measuring.span_clock),
+    pytest.mark.timeout(900),  # the first test of a point measures the whole point; smoke mode takes seconds
+]
+
+# point -> (M, C) as multiples of Sizes.s6_base_ms
+POINTS = {"M=0.5C": (0.5, 1.0), "M=C": (1.0, 1.0), "M=2C": (1.0, 0.5)}
+DEPTHS = (0, 1, 2, 4)
+SERIAL = "alt:workers"  # the stock regular flavour over the worker loader: the serial baseline and an alternative
+BASELINES = (measuring.LOAD_ONLY, measuring.STEP_ONLY, measuring.STEP_ONLY_RAW)
+ALTERNATIVES = (SERIAL, "alt:nodes-prefetch")
+FLAVOUR = {measuring.LOAD_ONLY: "load-only (loader and hooks)", measuring.STEP_ONLY: "step-only",
+           measuring.STEP_ONLY_RAW: "step-only (raw loop)", SERIAL: "regular", "alt:nodes-prefetch": "dataloader_iter"}
+ENTRIES = workloads.design_entries(DEPTHS)
+CASES = [(point, who) for point in POINTS for who in (*ALTERNATIVES, *BASELINES, *ENTRIES)]
+
+
+def _targets(bench, point: str) -> tuple[float, float]:
+    m_factor, c_factor = POINTS[point]
+    return m_factor * bench.sizes.s6_base_ms, c_factor * bench.sizes.s6_base_ms
+
+
+def _step_only_ms(bench, n: int, iterations: int) -> float:
+    def run(probe: measuring.Probe) -> None:
+        dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
+        module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
+        workloads.run_step_only(module, [dataset.make(i) for i in range(n)], bench.root)
+    return workloads.timed_epoch(run, n)
+
+
+def _hook_work_ms(bench, n: int, iterations: int) -> float:
+    """Median milliseconds of one batch's hook work, run on this thread."""
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        bench.burner.run(iterations)
+        samples.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(samples)
+
+
+def _knobs(bench, point: str) -> tuple[int, int]:
+    """Matmul iterations of the hooks (M) and of the step (C) that measure this point's nominal M and C."""
+    m_ms, c_ms = _targets(bench, point)
+    n = bench.sizes.calibration_batches
+    step = bench.calibrated(f"S6 C={c_ms:g}", lambda: workloads.calibrate_step(
+        partial(_step_only_ms, bench, n), c_ms, bench.burner.ms_per_matmul))
+    hooks = bench.calibrated(f"S6 M={m_ms:g}", lambda: workloads.calibrate_step(
+        partial(_hook_work_ms, bench, n), m_ms, bench.burner.ms_per_matmul))
+    return int(hooks.value), int(step.value)
+
+
+def _once(bench, point: str, who: str) -> measuring.Probe:
+    hook_iterations, iterations = _knobs(bench, point)
+    n = bench.sizes.s6_batches
+    probe = measuring.Probe()
+    dataset = workloads.TimedDataset(n, bench.sizes.s6_base_ms, probe, ROWS, FEATURES)
+    data = workloads.loader(dataset, workloads.ALTERNATIVE_WORKERS)
+    regular = partial(workloads.RegularStep, probe, FEATURES, bench.burner, iterations, hook_iterations)
+    iterating = partial(workloads.IterStep, probe, FEATURES, bench.burner, iterations, hook_iterations)
+    if who == measuring.LOAD_ONLY:
+        module = regular()  # only its hooks run: what the main process does per batch besides the step
+        probe.epoch_started()
+        try:
+            for batch in data:
+                module.on_after_batch_transfer(module.on_before_batch_transfer(batch, 0), 0)
+                probe.batch_received(batch)
+        finally:
+            data._iterator._shutdown_workers()
+        probe.epoch_ended()
+    elif who == measuring.STEP_ONLY:
+        module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
+        workloads.run_step_only(module, [dataset.make(i) for i in range(n)], bench.root)
+    elif who == measuring.STEP_ONLY_RAW:
+        module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
+        workloads.run_raw_step_only(module, [dataset.make(i) for i in range(n)])
+    elif who == SERIAL:
+        workloads.fit_closing(None, bench.root, regular(), data)
+    elif who == "alt:nodes-prefetch":
+        workloads.fit_closing(None, bench.root, iterating(), data, wrap=workloads.nodes_loader)
+    else:
+        workloads.fit_closing(ENTRIES[who], bench.root, iterating(), data)
+    measuring.check_exactly_once(probe.received, n)
+    return probe
+
+
+def _point(bench, point: str) -> measuring.Interleaved:
+    sizes = bench.sizes
+    runs = {who: partial(_once, bench, point, who) for who in (*ALTERNATIVES, *BASELINES, *ENTRIES)}
+    return bench.store.point(
+        ("S6", point), lambda: measuring.Interleaved(runs, sizes.s6_batches, sizes.rounds, sizes.warmup)
+    )
+
+
+@pytest.mark.parametrize(("point", "who"), CASES, ids=[f"{p}-{w}" for p, w in CASES])
+def test_s6_main_process_work(benchmark, bench, point: str, who: str) -> None:
+    sizes = bench.sizes
+    m_ms, c_ms = _targets(bench, point)
+    data = _point(bench, point)
+    measurement = data.measurement(who)
+    measuring.report(benchmark, measurement)
+    hook_ms = bench.calibrations[f"S6 M={m_ms:g}"].measured_ms
+    common = dict(point=point, L_target_ms=sizes.s6_base_ms, workers=workloads.ALTERNATIVE_WORKERS,
+                  M_target_ms=m_ms, C_target_ms=c_ms, M_over_C=m_ms / c_ms, M_ms=measuring.rounded(hook_ms),
+                  n_batches=sizes.s6_batches)
+
+    if who in BASELINES:
+        row = dict(design=who, role="baseline", flavour=FLAVOUR[who], **common,
+                   time_per_batch_ms=measuring.rounded(measurement.median_ms), rounds=measurement.rounds)
+        bench.extra_info(benchmark, row)
+        bench.store.record("S6", row)
+        return
+
+    o = measuring.overlap(data, measurement, serial=SERIAL)
+    figures = dict(**o.row(sizes.s6_batches), M_over_C_measured=measuring.rounded(hook_ms / o.c))
+    if who in ALTERNATIVES:
+        row = dict(design=who, role="alternative", flavour=FLAVOUR[who], **common, **figures,
+                   rounds=measurement.rounds)
+    else:
+        design = ENTRIES[who]
+        row = dict(design=design.id, role="design", flavour="dataloader_iter", depth=workloads.depth_of(design),
+                   default=workloads.is_default(design), **common, **figures,
+                   **measuring.versus_alternatives(data, measurement, ALTERNATIVES), rounds=measurement.rounds)
+    bench.extra_info(benchmark, row)
+    bench.store.record("S6", row)
