@@ -8,7 +8,9 @@ Run on a machine with CUDA, from the repository root::
 Each item is a pinned host batch (``--batch-mib``, default 64 MiB) whose values identify it; loading is the
 host-to-device copy L (non_blocking, from pinned memory); the step's compute C is calibrated GPU matmuls that read
 the batch. For C = 2L, L and L/2, side by side in one process: stock Lightning's regular flavour (T_serial: the
-copy and the compute serialise on one stream), a copy-only and a compute-only run (T_ideal = max), and every
+copy and the compute serialise on one stream), a copy-only and a compute-only run (T_ideal = max; compute-only is
+stock Lightning's loop over batches already on the device, the same step, as in the CPU scenarios; its raw-loop
+figure is kept), and every
 registered design with the same user step (it moves the batch itself when a design hands it over on the CPU,
 as stock Lightning's flavour does), interleaved round by round. Efficiency e = (T_serial - T) / (T_serial -
 T_ideal), medians of the rounds.
@@ -43,7 +45,7 @@ if str(REPO_ROOT) not in sys.path:
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import Dataset  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from benchmarks import measuring, results, workloads  # noqa: E402
 from prototypes import IMPLEMENTATIONS  # noqa: E402
@@ -51,7 +53,7 @@ from tests.conformance.harness import QUIET  # noqa: E402
 
 FEATURES = 8
 POINTS = {"L=0.5C": 2.0, "L=C": 1.0, "L=2C": 0.5}  # point -> C as a multiple of the measured L
-BASELINES = ("baseline:regular", "baseline:copy-only", "baseline:compute-only")
+BASELINES = ("baseline:regular", "baseline:copy-only", "baseline:compute-only", "baseline:compute-only-raw")
 PATTERN_MAX = 1000  # batch values are integers below PATTERN_MAX + n: exact in float32
 
 
@@ -168,9 +170,6 @@ class S5:
         self.l_ms = self.copy_only.median_ms
         self.trainer_kwargs = dict(QUIET, accelerator="gpu" if device.type == "cuda" else "cpu")
 
-    def iterations_for(self, c_ms: float) -> int:
-        return max(1, round(c_ms / self.ms_per_matmul))
-
     def measure(self, once) -> measuring.Measurement:
         return measuring.measure(once, self.n, self.rounds, self.warmup)
 
@@ -191,6 +190,17 @@ class S5:
         return probe
 
     def _compute_only(self, iterations: int) -> measuring.Probe:
+        """Stock Lightning's regular flavour over batches already on the device: T_ideal's C side."""
+        on_device = [b.to(self.device) for b in self.data.items]
+        _sync(self.device)
+        module = RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul)
+        trainer_kwargs = {**self.trainer_kwargs, "default_root_dir": str(self.root)}
+        with workloads.quiet():
+            pl.Trainer(**trainer_kwargs).fit(module, train_dataloaders=DataLoader(on_device, batch_size=None))
+        return module.probe
+
+    def _compute_only_raw(self, iterations: int) -> measuring.Probe:
+        """The same step's work in a plain PyTorch loop over batches already on the device (the raw-loop figure)."""
         probe = self._fresh_probe()
         on_device = [b.to(self.device) for b in self.data.items]
         _sync(self.device)
@@ -205,6 +215,13 @@ class S5:
         module.on_train_epoch_end()
         return probe
 
+    def calibrated_iterations(self, c_ms: float) -> workloads.Calibration:
+        """Matmul iterations that make the compute-only run (through Lightning's loop) measure ``c_ms`` per batch."""
+        def compute_only_ms(iterations: int) -> float:
+            return self._compute_only(iterations).span() / self.n * 1000.0
+
+        return workloads.calibrate_step(compute_only_ms, c_ms, self.ms_per_matmul)
+
     def _fit(self, design: Any | None, module: GpuStep) -> measuring.Probe:
         trainer_kwargs = {**self.trainer_kwargs, "default_root_dir": str(self.root)}
         with workloads.quiet():
@@ -212,21 +229,22 @@ class S5:
             trainer.fit(module, train_dataloaders=workloads.loader(self.data))
         return module.probe
 
-    def once(self, who: str, c_ms: float) -> measuring.Probe:
-        """One epoch of ``who`` (a baseline or a registry name) with C = ``c_ms``."""
-        iterations = self.iterations_for(c_ms)
+    def once(self, who: str, iterations: int) -> measuring.Probe:
+        """One epoch of ``who`` (a baseline or a registry name) with ``iterations`` matmuls per step."""
         if who == "baseline:copy-only":
             return self._copy_only()
         if who == "baseline:compute-only":
             return self._compute_only(iterations)
+        if who == "baseline:compute-only-raw":
+            return self._compute_only_raw(iterations)
         if who == "baseline:regular":
             return self._fit(None, RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
         return self._fit(
             IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
 
-    def point(self, c_ms: float, names: Sequence[str]) -> measuring.Interleaved:
-        """Baselines and designs at one C, interleaved round by round."""
-        runs = {who: partial(self.once, who, c_ms) for who in (*BASELINES, *names)}
+    def point(self, iterations: int, names: Sequence[str]) -> measuring.Interleaved:
+        """Baselines and designs at one C (``iterations`` matmuls per step), interleaved round by round."""
+        runs = {who: partial(self.once, who, iterations) for who in (*BASELINES, *names)}
         return measuring.Interleaved(runs, self.n, self.rounds, self.warmup)
 
 
@@ -280,16 +298,23 @@ def main(argv: Sequence[str] | None = None) -> int:
               f" L (copy) {s5.l_ms:.3f} ms/batch, matmul {matmul} {s5.ms_per_matmul:.3f} ms", flush=True)
         rows_out: list[dict[str, Any]] = []
         failures: list[str] = []
+        calibrations: dict[str, Any] = {}
         for point, c_factor in POINTS.items():
             c_ms = c_factor * s5.l_ms
-            data = s5.point(c_ms, names)
+            calibration = s5.calibrated_iterations(c_ms)
+            calibrations[f"S5 C={c_ms:.3f}"] = calibration.as_note()
+            data = s5.point(int(calibration.value), names)
             base = {who: data.measurement(who) for who in BASELINES}
             reference = base["baseline:regular"].probes[-1].final_weights
             t_serial = base["baseline:regular"].median_ms
-            t_ideal = max(base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms)
-            common = dict(L_ms=measuring.rounded(s5.l_ms), C_target_ms=measuring.rounded(c_ms),
-                          C_ms=measuring.rounded(base["baseline:compute-only"].median_ms),
-                          L_over_C=measuring.rounded(1.0 / c_factor), n_batches=n, batch_mib=round(rows * cols * 4 / 2**20, 1))
+            l_measured, c_measured = base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms
+            c_raw = base["baseline:compute-only-raw"].median_ms
+            t_ideal, t_ideal_raw = max(l_measured, c_measured), max(l_measured, c_raw)
+            common = dict(L_ms=measuring.rounded(l_measured), C_target_ms=measuring.rounded(c_ms),
+                          C_ms=measuring.rounded(c_measured), C_raw_ms=measuring.rounded(c_raw),
+                          L_over_C=measuring.rounded(1.0 / c_factor),
+                          L_over_C_measured=measuring.rounded(l_measured / c_measured), n_batches=n,
+                          batch_mib=round(rows * cols * 4 / 2**20, 1))
             for who in BASELINES:
                 verdict = check(base[who], n, reference if who != "baseline:copy-only" else None)
                 rows_out.append(dict(design=who, role="baseline", point=point, **common,
@@ -311,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
                     time_per_batch_ms=measuring.rounded(t), t_serial_ms=measuring.rounded(t_serial),
                     t_ideal_ms=measuring.rounded(t_ideal), efficiency=measuring.rounded(efficiency),
+                    t_ideal_raw_ms=measuring.rounded(t_ideal_raw),
+                    efficiency_raw_ideal=measuring.rounded(measuring.efficiency(t_serial, t, t_ideal_raw)),
                     correct=verdict["correct"], weights_max_abs_diff=verdict["weights_max_abs_diff"],
                     rounds=measurement.rounds,
                 ))
@@ -335,7 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                              met=bool(r.get("correct"))) for r in rows_out if r["role"] == "design"])},
         "scenarios": {"S5": rows_out},
         "notes": dict(mode="quick" if args.quick else ("dry-run" if dry else "measure"), rounds=rounds, warmup=warmup,
-                      matmul_size=matmul, matmul_ms=round(s5.ms_per_matmul, 4), failures=failures,
+                      matmul_size=matmul, matmul_ms=round(s5.ms_per_matmul, 4), calibration=calibrations,
+                      failures=failures,
                       wall_s=round(time.perf_counter() - started, 1)),
     }
     if args.out is not None:

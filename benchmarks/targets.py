@@ -113,9 +113,9 @@ def evaluate_targets(rows: dict[str, list[dict[str, Any]]], designs: Mapping[str
             result = dict(design=row["design"], value=value, met=_met(value, spec["compare"], spec["threshold"]))
             if row.get("point") is not None:
                 result["point"] = row["point"]
-            for measured in ("L_over_C_measured", "M_over_C_measured"):
-                if row.get(measured) is not None:
-                    result[measured] = row[measured]
+            for ratio in ("L_over_C", "L_over_C_measured", "M_over_C", "M_over_C_measured"):
+                if row.get(ratio) is not None:
+                    result[ratio] = row[ratio]
             results.append(result)
         entry["results"] = results
         if not results:

@@ -114,7 +114,7 @@ def test_targets_judge_designs_by_what_they_declare() -> None:
     judged = targets.evaluate_targets(rows, designs)
     # only the registered configuration of a design that prefetches, at L = C; the measured ratio travels along
     assert judged["S1"]["results"] == [dict(design="loads_ahead[lookahead=2]", value=0.96, met=True, point="L=C",
-                                            L_over_C_measured=0.98)]
+                                            L_over_C=1.0, L_over_C_measured=0.98)]
     assert [(r["point"], r["met"]) for r in judged["S1-alternatives"]["results"]] == [("L=C", True), ("L=2C", False)]
     assert judged["S3"]["results"] == [dict(design="plain", value=1.1, met=False)]
     assert judged["S4"]["results"] == [dict(design="loads_ahead[lookahead=4]", value=6, limit=5, met=False)]

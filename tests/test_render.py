@@ -178,7 +178,7 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
     assert "| `beta[depth=2]` | 2/0/0 | 2/0/0 | **1/0/1** | **5/0/1** |" in matrix
     assert "| C3 | `test_c3.py::test_1` | failed |" in matrix
     bench = (rfc / "generated" / "benchmarks.md").read_text()
-    assert bench != before_bench and "| `beta` | 1.00 | 10.0 | 10.0 | 15.0 |" in bench
+    assert bench != before_bench and "| `beta` | 1.00 | 15.0 | 0.50 | S1 **missed** |" in bench
     assert (rfc / "page.md").read_text() != before_page
     assert png.read_bytes() != png_before  # plot data changed: redrawn
     assert run(rfc, "--check").returncode == 0
@@ -272,7 +272,7 @@ def test_a_miss_never_reads_like_the_threshold(rfc):
     write_results(rfc, conformance(), benchmarks(beta_efficiency=0.9489))
     run(rfc)
     text = (rfc / "generated" / "benchmarks.md").read_text()
-    assert "`beta`: 0.9489 **missed**" in text
+    assert "| `beta` | – | 0.9489 | – | **missed** |" in text
 
 
 def test_clause_tests_block_lists_each_clauses_test_functions_once(rfc):

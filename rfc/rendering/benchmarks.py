@@ -1,4 +1,10 @@
-"""Benchmark blocks: targets, one table per scenario and machine kind, run notes."""
+"""Benchmark blocks: the page's setup line, the targets, one table per scenario and machine kind, run notes.
+
+Each scenario table leads with what a decision needs (the design, the point, the headline figures, which targets
+the row meets or misses); the figures behind them (measured L and C, the baselines, the raw-loop ideal, rounds)
+follow in a collapsed ``<details>`` block. The setup line and the run's warning appear once per page
+(``bench-setup``), not per table.
+"""
 
 from __future__ import annotations
 
@@ -11,51 +17,90 @@ from rendering.markdown import bench_setup, cell, code, fmt_number, no_results, 
 from rendering.results import BENCHMARK_COMMAND, Inputs
 
 SCENARIOS = {
-    "S1": "I/O-bound loading: time per batch and efficiency against the ideal",
+    "S1": "I/O-bound loading: efficiency against the ideal and time against the alternatives",
     "S2": "Step-level pipelining (the #8316 use case): speed-up",
     "S3": "Overhead: time per batch relative to stock Lightning and a raw PyTorch loop",
     "S4": "Jitter and prefetch depth: efficiency and memory by depth",
     "S5": "GPU: pinned-memory host-to-device copies against compute",
+    "S6": "Main-process work in the transfer hooks, loading in workers: efficiency and time against the alternatives",
 }
 COLUMN_LABELS = {
     "design": "Design",
     "flavour": "flavour",
+    "point": "point",
     "L_over_C": "L/C",
+    "L_over_C_measured": "L/C measured",
+    "M_over_C_measured": "M/C measured",
     "L_target_ms": "L target (ms)",
     "C_target_ms": "C target (ms)",
-    "L_ms": "L measured (ms)",
-    "C_ms": "C measured (ms)",
+    "M_target_ms": "M target (ms)",
+    "L_ms": "L (ms)",
+    "C_ms": "C (ms)",
+    "M_ms": "M (ms)",
+    "C_raw_ms": "C raw loop (ms)",
     "R_ms": "R (ms)",
     "n_batches": "batches",
     "time_per_batch_ms": "time per batch (ms)",
+    "time_per_batch_plain_ms": "unpipelined (ms)",
     "t_serial_ms": "T_serial (ms)",
     "t_ideal_ms": "T_ideal (ms)",
+    "t_ideal_raw_ms": "T_ideal raw loop (ms)",
+    "t_regular_ms": "stock regular (ms)",
+    "t_raw_ms": "raw loop (ms)",
     "efficiency": "efficiency",
+    "efficiency_raw_ideal": "efficiency vs raw-loop ideal",
+    "efficiency_ceiling": "efficiency ceiling",
     "speedup": "speed-up",
     "speedup_vs_serial": "speed-up vs serial",
+    "vs_best_alternative": "time vs best alternative",
+    "vs_workers": "time vs workers",
+    "vs_nodes_prefetch": "time vs nodes prefetch",
     "overhead_vs_regular": "overhead vs stock regular",
     "overhead_vs_raw": "overhead vs raw loop",
     "depth": "depth",
     "peak_rss_mb": "peak RSS (MB)",
-    "peak_in_flight": "peak batches in flight",
-    "rounds": "rounds",
-    "point": "point",
-    "R_target_ms": "R target (ms)",
-    "efficiency_ceiling": "efficiency ceiling",
-    "ideal_speedup": "ideal speed-up",
     "peak_rss_delta_mb": "peak RSS delta (MB)",
+    "peak_in_flight": "peak batches in flight",
+    "in_flight_limit": "limit",
+    "rounds": "rounds",
+    "R_target_ms": "R target (ms)",
+    "ideal_speedup": "ideal speed-up",
     "batch_mib": "batch (MiB)",
     "weights_max_abs_diff": "max weight difference",
     "correct": "correct",
 }
-# Known keys first, in this order; any other scalar key follows in the order the rows first use it.
-COLUMN_ORDER = [
-    "design", "flavour", "point", "depth", "L_over_C", "L_target_ms", "C_target_ms", "R_target_ms", "R_ms", "L_ms",
-    "C_ms", "n_batches", "batch_mib", "time_per_batch_ms", "t_serial_ms", "t_ideal_ms", "efficiency",
-    "efficiency_ceiling", "speedup", "ideal_speedup", "speedup_vs_serial", "overhead_vs_regular", "overhead_vs_raw",
-    "peak_rss_mb", "peak_rss_delta_mb", "peak_in_flight", "correct", "weights_max_abs_diff",
-]
-HIDDEN_COLUMNS = {"role"}  # shown by marking the design cell instead
+TARGETS_COLUMN = "targets"
+# Per scenario: the lead table's columns and the details table's; the rows they show (roles).
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "S1": dict(lead=["design", "point", "L_over_C_measured", "time_per_batch_ms", "efficiency",
+                     "vs_best_alternative", TARGETS_COLUMN],
+               details=["design", "point", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "efficiency_ceiling",
+                        "rounds"],
+               raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
+                    "vs_nodes_prefetch"]),
+    "S2": dict(lead=["design", "time_per_batch_plain_ms", "time_per_batch_ms", "speedup", "ideal_speedup",
+                     TARGETS_COLUMN],
+               details=["design", "R_target_ms", "C_target_ms", "n_batches", "rounds"]),
+    "S3": dict(lead=["design", "flavour", "depth", "time_per_batch_ms", "overhead_vs_regular", "overhead_vs_raw",
+                     TARGETS_COLUMN],
+               details=["design", "flavour", "t_regular_ms", "t_raw_ms", "n_batches", "rounds"]),
+    "S4": dict(lead=["design", "depth", "time_per_batch_ms", "efficiency", "peak_in_flight", "in_flight_limit",
+                     "peak_rss_delta_mb", TARGETS_COLUMN],
+               details=["design", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "peak_rss_mb", "rounds"],
+               raw=["design", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal"]),
+    "S5": dict(lead=["design", "point", "L_over_C_measured", "time_per_batch_ms", "efficiency", "correct",
+                     "weights_max_abs_diff"],
+               details=["design", "point", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "rounds"],
+               raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal"]),
+    "S6": dict(lead=["design", "point", "M_over_C_measured", "time_per_batch_ms", "efficiency",
+                     "vs_best_alternative", TARGETS_COLUMN],
+               details=["design", "point", "M_ms", "C_ms", "L_ms", "t_serial_ms", "t_ideal_ms", "rounds"],
+               raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
+                    "vs_nodes_prefetch"]),
+}
+BASELINE_COLUMNS = ["design", "point", "flavour", "depth", "time_per_batch_ms", "rounds"]
+UNSHOWN = {"role", "default"}  # shown by marking the design cell
+ROLE_NOTE = {"baseline": "baseline", "alternative": "alternative"}
 
 
 def is_scalar(v: Any) -> bool:
@@ -63,60 +108,44 @@ def is_scalar(v: Any) -> bool:
 
 
 def is_baseline(row: dict[str, Any]) -> bool:
-    return row.get("role") == "baseline"
-
-
-def _design_cell(row: dict[str, Any]) -> str:
-    text = code(row.get("design", "?"))
-    return f"{text} *(baseline)*" if is_baseline(row) else text
-
-
-def _scenario_table(rows: list[dict[str, Any]]) -> str:
-    """Columns from the rows' own keys (known ones in a fixed order, then the rest), so schema additions show up."""
-    seen: list[str] = []
-    for row in rows:
-        for k, v in row.items():
-            if k not in seen and k not in HIDDEN_COLUMNS and is_scalar(v):
-                seen.append(k)
-    if "L_ms" in seen and "C_ms" in seen and "L_over_C" not in seen:
-        seen.append("L_over_C")  # derived below from the measured L and C
-    keys = [k for k in COLUMN_ORDER if k in seen] + [k for k in seen if k not in COLUMN_ORDER]
-    body = []
-    for row in rows:
-        cells = []
-        for k in keys:
-            if k == "design":
-                cells.append(_design_cell(row))
-            elif k == "L_over_C" and "L_over_C" not in row:
-                cells.append(fmt_number("ratio", l_over_c(row)))
-            else:
-                cells.append(fmt_number(k, row.get(k)))
-        body.append(cells)
-    headers = [COLUMN_LABELS.get(k, code(k)) for k in keys]
-    numeric = [k == "L_over_C" or all(is_number(r.get(k)) or r.get(k) is None for r in rows) for k in keys]
-    align = ["---"] + ["--:" if n else "---" for n in numeric[1:]]
-    return table(headers, body, align)
-
-
-def l_over_c(row: dict[str, Any]) -> float | None:
-    if isinstance(row.get("L_over_C"), (int, float)):
-        return float(row["L_over_C"])
-    L, C = row.get("L_ms"), row.get("C_ms")
-    if isinstance(L, (int, float)) and isinstance(C, (int, float)) and C:
-        return float(L) / float(C)
-    return None
+    """Not a design: a baseline or an alternative a user has today."""
+    return row.get("role") in ("baseline", "alternative")
 
 
 def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
 
 
+def l_over_c(row: dict[str, Any]) -> float | None:
+    """The measured L/C of a row (falling back to the nominal one, or to L and C, for older files)."""
+    for key in ("L_over_C_measured", "L_over_C"):
+        if is_number(row.get(key)):
+            return float(row[key])
+    L, C = row.get("L_ms"), row.get("C_ms")
+    if is_number(L) and is_number(C) and C:
+        return float(L) / float(C)
+    return None
+
+
+def _design_cell(row: dict[str, Any]) -> str:
+    text = code(row.get("design", "?"))
+    role = ROLE_NOTE.get(str(row.get("role")))
+    if role:
+        return f"{text} *({role})*"
+    return text + (" *(default)*" if row.get("default") is True and row.get("depth") is not None else "")
+
+
+# ---------------------------------------------------------------------------------------------- targets
 def target_rule(spec: dict[str, Any]) -> str:
     metric, compare, threshold = spec.get("metric"), spec.get("compare"), spec.get("threshold")
     if metric is None or compare is None or threshold is None:
         return "–"
     shown = fmt_number(str(metric), threshold) if is_number(threshold) else cell(threshold)
     return f"{code(metric)} {cell(str(compare).replace('>=', '≥').replace('<=', '≤'))} {shown}"
+
+
+def verdict(met: Any) -> str:
+    return "met" if met is True else "**missed**" if met is False else "–"
 
 
 def target_result_cell(result: dict[str, Any], metric: str, threshold: Any = None) -> str:
@@ -128,53 +157,137 @@ def target_result_cell(result: dict[str, Any], metric: str, threshold: Any = Non
         text = f"{cell(result['point'])}: {text}"
     if is_number(result.get("limit")):
         text += f" (limit {fmt_number(metric, result['limit'])})"
-    met = result.get("met")
-    return text + (" met" if met is True else " **missed**" if met is False else "")
+    return f"{text} {verdict(result.get('met'))}"
+
+
+CALIBRATION_TOLERANCE = 0.10  # a measured L/C or M/C further than this from the nominal one is flagged
+
+
+def _measured_ratio(result: dict[str, Any]) -> str:
+    for ratio, label in (("L_over_C", "L/C"), ("M_over_C", "M/C")):
+        measured = result.get(f"{ratio}_measured")
+        if is_number(measured):
+            text = f"{label} {fmt_number(ratio, measured)}"
+            nominal = result.get(ratio)
+            if is_number(nominal) and nominal and abs(measured / nominal - 1) > CALIBRATION_TOLERANCE:
+                text += f" (**off** the nominal {fmt_number(ratio, nominal)} by more than 10 %)"
+            return text
+    return "–"
 
 
 def _targets_table(targets: Any) -> str:
-    """The results file's ``targets``: scenario -> {what, metric, compare, threshold, results: [{design, value, met}]}."""
+    """One row per judged result: target, rule, design, point, value, measured ratio, met or missed."""
     if not targets:
         return "No targets recorded in the results file."
-    rows = []
-    for scenario, spec in targets.items():
+    rows, notes = [], []
+    for name, spec in targets.items():
         metric = str(spec.get("metric", ""))
         results = spec.get("results") or []
-        if results:
-            where = "<br>".join(f"{code(r.get('design', '?'))}: {target_result_cell(r, metric, spec.get('threshold'))}"
-                                for r in results)
-        else:
-            where = cell(spec.get("note") or "no result")
-        rows.append([cell(scenario), cell(spec.get("what", "")), target_rule(spec), where])
-    return table(["Scenario", "Target", "Rule", "Where each design stands"], rows)
+        for r in results:
+            value = r.get("value")
+            shown = fmt_number(metric, value) if is_scalar(value) else code(json.dumps(value))
+            threshold = spec.get("threshold")
+            if is_number(value) and is_number(threshold) and shown == fmt_number(metric, threshold) \
+                    and value != threshold:
+                shown = f"{value:.4f}"  # rounding would make a miss read like the threshold itself
+            if is_number(r.get("limit")):
+                shown += f" (limit {fmt_number(metric, r['limit'])})"
+            rows.append([cell(name), target_rule(spec), code(r.get("design", "?")), cell(r.get("point") or "–"),
+                         shown, _measured_ratio(r), verdict(r.get("met"))])
+        if not results:
+            rows.append([cell(name), target_rule(spec), "–", "–", "–", "–", cell(spec.get("note") or "no result")])
+        notes.append(f"- **{cell(name)}**: {cell(spec.get('what', ''))}")
+    return (table(["Target", "Rule", "Design", "Point", "Measured", "Measured ratio", "Verdict"], rows)
+            + "\n\n<details><summary>What each target judges</summary>\n\n" + "\n".join(notes) + "\n\n</details>")
 
 
-def _notes_table(notes: Any) -> str:
-    if not notes:
+def row_verdicts(row: dict[str, Any], scenario: str, targets: dict[str, Any]) -> str:
+    """The targets this row is judged by, each met or missed ("–": none applies)."""
+    out = []
+    for name, spec in (targets or {}).items():
+        if name.split("-")[0] != scenario:
+            continue
+        if scenario == "S3" and row.get("flavour") != "dataloader_iter":
+            continue
+        for r in spec.get("results") or []:
+            if r.get("design") == row.get("design") and r.get("point") == row.get("point"):
+                out.append(f"{cell(name)} {verdict(r.get('met'))}")
+    return "<br>".join(out) or "–"
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def _columns_table(rows: list[dict[str, Any]], keys: list[str], targets: dict[str, Any], scenario: str) -> str:
+    keys = [k for k in keys if k in ("design", TARGETS_COLUMN) or any(k in r for r in rows)
+            or (k == "L_over_C_measured" and any(l_over_c(r) is not None for r in rows))]
+    if keys == ["design"]:
         return ""
-    rows = []
-    for key, value in notes.items():
-        if isinstance(value, list) and all(is_number(v) for v in value):
-            text = ", ".join(fmt_number(key, v) for v in value)
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            text = "; ".join(cell(v) for v in value) or "none"
-        elif isinstance(value, dict):
-            text = "; ".join(f"{k} {fmt_number(k, v)}" for k, v in value.items() if is_scalar(v))
-        else:
-            text = fmt_number(key, value) if is_scalar(value) else code(json.dumps(value))
-        rows.append([code(key), text])
-    return table(["Run note", "Value"], rows)
+    if TARGETS_COLUMN in keys and not any(name.split("-")[0] == scenario for name in targets or {}):
+        keys.remove(TARGETS_COLUMN)
+    body = []
+    for row in rows:
+        cells = []
+        for k in keys:
+            if k == "design":
+                cells.append(_design_cell(row))
+            elif k == TARGETS_COLUMN:
+                cells.append(row_verdicts(row, scenario, targets))
+            elif k == "L_over_C_measured":
+                cells.append(fmt_number("ratio", l_over_c(row)))
+            else:
+                cells.append(fmt_number(k, row.get(k)))
+        body.append(cells)
+    headers = [COLUMN_LABELS.get(k, code(k)) if k != TARGETS_COLUMN else "targets" for k in keys]
+    numeric = [all(is_number(r.get(k)) or r.get(k) is None for r in rows) and k not in ("design", "point",
+               TARGETS_COLUMN) for k in keys]
+    return table(headers, body, ["--:" if n else "---" for n in numeric])
+
+
+def generic_table(rows: list[dict[str, Any]]) -> str:
+    """Columns from the rows' own scalar keys, in the order the rows first use them (scenarios without a layout)."""
+    seen: list[str] = []
+    for row in rows:
+        for k, v in row.items():
+            if k not in seen and k != "role" and is_scalar(v):
+                seen.append(k)
+    keys = ["design"] + [k for k in seen if k != "design"]
+    return _columns_table(rows, keys, {}, "")
+
+
+def details(summary: str, *tables: str) -> str:
+    body = "\n\n".join(t for t in tables if t)
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>"
+
+
+def scenario_tables(data: dict[str, Any], scenario: str) -> str:
+    rows = data["scenarios"].get(scenario) or []
+    targets = data.get("targets") or {}
+    layout = LAYOUTS.get(scenario)
+    if layout is None:
+        return generic_table(rows)
+    leading = [r for r in rows if r.get("role") != "baseline"]
+    baselines = [r for r in rows if r.get("role") == "baseline"]
+    parts = [_columns_table(leading, layout["lead"], targets, scenario)]
+    behind = [_columns_table(leading, layout["details"], targets, scenario)]
+    if layout.get("raw") and any("C_raw_ms" in r for r in leading):
+        behind.append(_columns_table(leading, layout["raw"], targets, scenario))
+    if baselines:
+        behind.append(_columns_table(baselines, BASELINE_COLUMNS, targets, scenario))
+    shown = {k for name in ("lead", "details", "raw") for k in layout.get(name, [])} | set(BASELINE_COLUMNS)
+    other = [k for k in dict.fromkeys(k for r in rows for k, v in r.items() if is_scalar(v))
+             if k not in shown and k not in UNSHOWN]
+    if other:  # whatever else the rows record (a schema addition shows up here without a layout change)
+        behind.append(_columns_table(rows, ["design", "point", *other], targets, scenario))
+    if any(behind):
+        parts.append(details("Measured L, C and the baselines, the raw-loop ideal, rounds", *behind))
+    return "\n\n".join(parts)
 
 
 def _bench_section(inputs: Inputs, kind: str, scenario: str) -> str:
     data = inputs.benchmarks[kind]
-    rows = data["scenarios"].get(scenario) or []
-    title = SCENARIOS.get(scenario, scenario)
-    head = f"**{scenario}: {title}** ({code('benchmarks-' + kind + '.json')})"
-    setup = bench_setup(data, kind)
-    if not rows:
-        return f"{head}\n\n{setup}\n\nNo {scenario} rows in this results file."
-    return f"{head}\n\n{setup}\n\n{_scenario_table(rows)}"
+    head = f"**{scenario}: {SCENARIOS.get(scenario, scenario)}** ({code('benchmarks-' + kind + '.json')})"
+    if not data["scenarios"].get(scenario):
+        return f"{head}\n\nNo {scenario} rows in this results file."
+    return f"{head}\n\n{scenario_tables(data, scenario)}"
 
 
 def bench_block(scenario: str) -> Callable[[Inputs, Path], str]:
@@ -187,23 +300,23 @@ def bench_block(scenario: str) -> Callable[[Inputs, Path], str]:
     return block
 
 
+def block_bench_setup(inputs: Inputs, page_dir: Path) -> str:
+    """The setup line (machine, versions, commit) and the run's warnings, once per results file."""
+    if not inputs.benchmarks:
+        return no_results("benchmark results", BENCHMARK_COMMAND)
+    return "\n\n".join(bench_setup(data, kind) for kind, data in inputs.benchmarks.items())
+
+
 def block_bench_targets(inputs: Inputs, page_dir: Path) -> str:
     """The benchmark targets and where each design stands against them, per machine kind."""
     if not inputs.benchmarks:
         return no_results("benchmark results", BENCHMARK_COMMAND)
-    out = []
-    for kind, data in inputs.benchmarks.items():
-        out.append(
-            f"**Targets** ({code('benchmarks-' + kind + '.json')})\n\n"
-            + bench_setup(data, kind)
-            + "\n\n"
-            + _targets_table(data.get("targets"))
-        )
-    return "\n\n".join(out)
+    return "\n\n".join(f"**Targets** ({code('benchmarks-' + kind + '.json')})\n\n{_targets_table(data.get('targets'))}"
+                       for kind, data in inputs.benchmarks.items())
 
 
 def block_bench_other(inputs: Inputs, page_dir: Path) -> str:
-    """Any scenario a results file holds beyond S1-S5, rendered generically."""
+    """Any scenario a results file holds beyond S1-S6, rendered generically."""
     if not inputs.benchmarks:
         return no_results("benchmark results", BENCHMARK_COMMAND)
     out = [_bench_section(inputs, kind, scenario)
@@ -212,12 +325,32 @@ def block_bench_other(inputs: Inputs, page_dir: Path) -> str:
     return "\n\n".join(out) if out else "None."
 
 
+def _notes_table(notes: Any) -> str:
+    if not notes:
+        return ""
+    rows = []
+    for key, value in notes.items():
+        if isinstance(value, list) and all(is_number(v) for v in value):
+            text = ", ".join(fmt_number(key, v) for v in value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            text = "; ".join(cell(v) for v in value) or "none"
+        elif isinstance(value, dict) and all(is_scalar(v) for v in value.values()):
+            text = "; ".join(f"{k} {fmt_number(k, v)}" for k, v in value.items())
+        elif isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+            text = "<br>".join(f"{cell(k)}: " + ", ".join(f"{kk} {fmt_number(kk, vv)}" for kk, vv in v.items())
+                               for k, v in value.items())
+        else:
+            text = fmt_number(key, value) if is_scalar(value) else code(json.dumps(value))
+        rows.append([code(key), text])
+    return table(["Run note", "Value"], rows)
+
+
 def block_bench_notes(inputs: Inputs, page_dir: Path) -> str:
     """The run notes a results file records (mode, sizes, calibration, load average), per machine kind."""
     if not inputs.benchmarks:
         return no_results("benchmark results", BENCHMARK_COMMAND)
     out = []
     for kind, data in inputs.benchmarks.items():
-        table = _notes_table(data.get("notes")) or "No run notes recorded."
-        out.append(f"**Run notes** ({code('benchmarks-' + kind + '.json')})\n\n{bench_setup(data, kind)}\n\n{table}")
+        notes = _notes_table(data.get("notes")) or "No run notes recorded."
+        out.append(f"**Run notes** ({code('benchmarks-' + kind + '.json')})\n\n{notes}")
     return "\n\n".join(out)

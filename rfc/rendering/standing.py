@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rendering.benchmarks import is_baseline, target_result_cell, target_rule
+from rendering.benchmarks import is_baseline, target_result_cell
 from rendering.conformance import conformance_parts
 from rendering.markdown import bench_setup, code, no_results, setup_line, table
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, FAIL, XFAIL, Inputs
@@ -24,11 +24,11 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
     for data in inputs.benchmarks.values():  # the benchmarks' own design order (registry order) next
         for rows in data["scenarios"].values():
             names += [design_of_row(str(r.get("design", "?"))) for r in rows if not is_baseline(r)]
-    target_cols: list[tuple[str, str, dict[str, Any]]] = []  # (header, kind, spec)
+    judged: list[tuple[str, str, dict[str, Any]]] = []  # (target name with its machine kind, kind, spec)
     for kind, data in inputs.benchmarks.items():
-        for scenario, spec in (data.get("targets") or {}).items():
+        for target, spec in (data.get("targets") or {}).items():
             suffix = f" [{kind}]" if len(inputs.benchmarks) > 1 else ""
-            target_cols.append((f"{scenario}: {target_rule(spec)}{suffix}", kind, spec))
+            judged.append((f"{target}{suffix}", kind, spec))
             names += [design_of_row(str(r.get("design", "?"))) for r in spec.get("results") or []]
     names = list(dict.fromkeys(names))
     if not names:
@@ -48,7 +48,8 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
         parts += [bench_setup(data, kind) for kind, data in inputs.benchmarks.items()]
     else:
         parts.append(no_results("benchmark results", BENCHMARK_COMMAND))
-    headers += [h for h, _, _ in target_cols]
+    if judged:
+        headers += ["benchmark targets met", "missed (measured)"]
 
     rows = []
     for name in names:
@@ -66,25 +67,23 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
                         str(xf), f"**{fl}**" if fl else "0"]
             else:
                 row += ["not run", "–", "–"]
-        for _, _, spec in target_cols:
-            mine = [r for r in spec.get("results") or [] if design_of_row(str(r.get("design", ""))) == name]
-            if not mine:
-                row.append("–")
-                continue
-            metric = str(spec.get("metric", ""))
-            if len(mine) > 2:  # many variants (e.g. every depth): count them, list only the misses
-                missed = [r for r in mine if r.get("met") is False]
-                text = f"{len(mine) - len(missed)} of {len(mine)} results met"
-                text += "".join(f"<br>{code(r.get('design'))}: {target_result_cell(r, metric, spec.get('threshold'))}"
-                                for r in missed)
-                row.append(text)
-                continue
-            row.append("<br>".join(
-                (f"{code(r.get('design'))}: " if len(mine) > 1 or r.get("design") != name else "")
-                + target_result_cell(r, metric, spec.get("threshold")) for r in mine))
+        if judged:
+            met, missed = 0, []
+            for target, _, spec in judged:
+                for r in spec.get("results") or []:
+                    if design_of_row(str(r.get("design", ""))) != name:
+                        continue
+                    if r.get("met") is True:
+                        met += 1
+                    elif r.get("met") is False:
+                        missed.append(f"{target} {code(r.get('design'))}: "
+                                      + target_result_cell(r, str(spec.get("metric", "")), spec.get("threshold")))
+            total = met + len(missed)
+            row += [f"{met} of {total}" if total else "–", "<br>".join(missed) or ("none" if total else "–")]
         rows.append(row)
-    legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). A target "
-              "cell shows the recorded median and whether it meets the rule in the header; \"–\" means the target "
-              "does not apply to that design or was not measured. Details: the conformance matrix and the "
-              "benchmark tables.")
+    legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). Benchmark "
+              "targets count each judged result (a target judges a design's registered configuration, at each "
+              "point it applies to); a missed one shows its measured median. \"–\": no target applies to that "
+              "design or it was not measured. Details: the conformance matrix, and the targets table of the "
+              "benchmarks.")
     return "\n\n".join(parts + [table(headers, rows), legend])
