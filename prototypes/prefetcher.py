@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import pytorch_lightning as pl
 import torch
+from lightning_fabric.utilities.data import sized_len
 from lightning_fabric.utilities.types import _Stateful
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
@@ -54,14 +55,7 @@ from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingE
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
-from lightning_fabric.utilities.data import sized_len
 
-from prototypes.lightning_changes import (
-    ManualOptimizationSeesStopIteration,
-    StockProfilerActions,
-    drain,
-    epoch_stopped_early,
-)
 from prototypes.common import (
     ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
@@ -70,6 +64,12 @@ from prototypes.common import (
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+)
+from prototypes.lightning_changes import (
+    ManualOptimizationSeesStopIteration,
+    StockProfilerActions,
+    drain,
+    epoch_stopped_early,
 )
 
 _POLL_S = 0.1  # how often a blocked producer or consumer re-checks that the other side is still there
