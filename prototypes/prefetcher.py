@@ -32,7 +32,6 @@ True on entry) let a pipelining step train the batches it holds (clause C17).
 from __future__ import annotations
 
 import functools
-import inspect
 import queue
 import threading
 from collections import OrderedDict
@@ -43,17 +42,13 @@ from typing import Any, NamedTuple
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.data import sized_len
-from lightning_fabric.utilities.types import _Stateful
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
-from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
-from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
-from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from prototypes.common import (
@@ -66,10 +61,15 @@ from prototypes.common import (
     takes_dataloader_iter,
 )
 from prototypes.lightning_changes import (
+    BatchCountingEpochLoop,
+    BatchCountingFitLoop,
     ManualOptimizationSeesStopIteration,
     StockProfilerActions,
     drain,
     epoch_stopped_early,
+    install_loops,
+    loader_states,
+    supply_log_batch_size,
 )
 
 _POLL_S = 0.1  # how often a blocked producer or consumer re-checks that the other side is still there
@@ -253,7 +253,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def _begin(self) -> _PrefetchingIterFetcher:
         self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
         self._resumed_at = 0
-        self.loader_states = self._loader_states()
+        self.loader_states = loader_states(self._combined_loader)
         self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
         return self
 
@@ -378,13 +378,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             # that makes a resumed run start the next epoch rather than an empty rest of this one.
             batch, loader_batch_idx, dataloader_idx = next(self.iterator)
         except StopIteration:
-            raise _LoaderExhausted(self._loader_states()) from None
+            raise _LoaderExhausted(loader_states(self._combined_loader)) from None
         self._produced += 1
         # Why add: the combined loader counts from 0 again after a resume (and for each evaluation dataloader)
         batch_idx = self._resumed_at + loader_batch_idx
         if self.length is not None and self._produced > self.length:
             raise _LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
-        loader_states = self._loader_states()  # snapshot on the thread that drives the loader: consistent
+        states = loader_states(self._combined_loader)  # snapshot on the thread that drives the loader: consistent
         ready = None
         if self.transfer_ahead and self.copy_stream is not None:
             # Why set the device: a new thread starts on device 0, whatever device this rank trains on.
@@ -393,7 +393,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 ready = self.copy_stream.record_event()
         elif self.transfer_ahead:
             batch = self._transfer(batch, dataloader_idx)
-        return _Produced(batch, batch_idx, dataloader_idx, loader_states, ready)
+        return _Produced(batch, batch_idx, dataloader_idx, states, ready)
 
     def _transfer(self, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
         """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
@@ -429,11 +429,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         limits = loader.limits or []
         return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits))
 
-    def _loader_states(self) -> list[dict] | None:
-        loader = self._combined_loader
-        if loader is None or not any(isinstance(dl, _Stateful) for dl in loader.flattened):
-            return None
-        return loader._state_dicts()
 
     def stop(self) -> None:
         """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped."""
@@ -559,11 +554,10 @@ class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
             fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
 
 
-class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
-    """Lightning's training epoch loop; with the prefetching fetcher, accumulation and validation intervals follow
-    step calls and consumed batches instead of one batch per step call."""
+class _PrefetchingEpochLoop(BatchCountingEpochLoop):
+    """Lightning's training epoch loop with the shared changes, active while the prefetching fetcher is installed."""
 
-    def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
+    def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1, **_: Any) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
         self.batch_progress = _ConsumedBatchProgress()
         self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
@@ -572,6 +566,15 @@ class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
     def _prefetching(self, data_fetcher: Any = None) -> _PrefetchingIterFetcher | None:
         fetcher = data_fetcher if data_fetcher is not None else self.trainer.fit_loop._data_fetcher
         return fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+
+    def _steps_pull_batches(self) -> bool:
+        return self._prefetching() is not None
+
+    def _step_calls_this_epoch(self) -> int:
+        return self._prefetching().step_calls
+
+    def _consumed_by_last_call(self) -> int:
+        return self._prefetching().consumed_in_step
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
@@ -611,36 +614,6 @@ class _PrefetchingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             self.update_lr_schedulers("step", update_plateau_schedulers=False)
         trainer._logger_connector.update_train_step_metrics()
         return fetcher.step_saw_end
-
-    def update_restart_stage(self) -> None:
-        super().update_restart_stage()
-        total = self.batch_progress.total
-        mid_step = total.ready == total.started == total.processed > total.completed
-        if self.restarting and self._prefetching() and mid_step:
-            # Why: Lightning recognises a checkpoint saved in on_train_batch_end by completed == processed - 1 (one
-            # batch per step call); here that call may have consumed several batches.
-            self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
-
-    def _accumulated_batches_reached(self) -> bool:
-        if (fetcher := self._prefetching()) is None:
-            return super()._accumulated_batches_reached()
-        return fetcher.step_calls % self.trainer.accumulate_grad_batches == 0
-
-    def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
-        if (fetcher := self._prefetching(data_fetcher)) is None:
-            return super()._should_check_val_fx(data_fetcher)
-        # Why None: given a dataloader_iter fetcher, Lightning validates at every epoch end because its counts are
-        # step calls; this fetcher's counts are batches, so the regular flavour's rule applies.
-        if super()._should_check_val_fx(None):
-            return True
-        interval = self.trainer.val_check_batch
-        if not self._should_check_val_epoch() or interval in (None, float("inf")):
-            return False
-        # Why: Lightning validates when the batch count is a multiple of the interval; a step consuming several
-        # batches can step over the multiple, so validate at the first step boundary at or past it.
-        progress = self.batch_progress
-        counted = progress.total if self.trainer.check_val_every_n_epoch is None else progress.current
-        return counted.completed // interval > (counted.completed - fetcher.consumed_in_step) // interval
 
 
 # the profiler actions of a batch's transfer, as Lightning names them (`[<kind>]<class>.<hook>`)
@@ -806,12 +779,12 @@ class _PrefetchingPredictionLoop(StockProfilerActions, _PrefetchingEvaluationSte
             self._predictions[fetcher._dataloader_idx].pop()
 
 
-class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, _FitLoop):
+class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
     """Lightning's fit loop; the one change is which fetcher ``setup_data`` installs for the training step."""
 
     step_name = "training_step"
 
-    def __init__(self, trainer: pl.Trainer, options: _Options, **kwargs: Any) -> None:
+    def __init__(self, trainer: pl.Trainer, *, options: _Options, **kwargs: Any) -> None:
         self.options = options
         super().__init__(trainer, **kwargs)
 
@@ -819,28 +792,19 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, _FitLoop):
     def counted_progress(self) -> _ConsumedBatchProgress:
         return self.epoch_loop.batch_progress
 
-    @property
-    def batch_idx(self) -> int:
-        """With the prefetching fetcher, the running step call's index in the epoch; otherwise Lightning's.
-
-        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
-        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
-        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
-        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
-        """
-        if isinstance(fetcher := self._data_fetcher, _PrefetchingIterFetcher):
-            return fetcher.step_calls - 1  # counted before the call's batch-start hooks
-        return super().batch_idx
-
     def run(self) -> None:
         module = self.trainer.lightning_module
         if not takes_dataloader_iter(module.training_step):
             return super().run()
-        module.log = functools.partial(_log_inferring_batch_size, module, self)
+        undo = supply_log_batch_size(module, self._step_batch_size)
         try:
             super().run()
         finally:
-            del module.log
+            undo()
+
+    def _step_batch_size(self) -> int | None:
+        fetcher = self._data_fetcher
+        return fetcher.step_batch_size() if isinstance(fetcher, _PrefetchingIterFetcher) else None
 
     def advance(self) -> None:
         try:
@@ -850,13 +814,9 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, _FitLoop):
             if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
                 self._data_fetcher.stop()
 
-    def on_save_checkpoint(self) -> dict:
-        state_dict = super().on_save_checkpoint()
+    def consumed_loader_states(self) -> list[dict] | None:
         fetcher = self._data_fetcher
-        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.loader_states is not None:
-            # Why: the loaders have run ahead by the prefetched batches; record the state after the consumed ones.
-            state_dict["combined_loader"] = fetcher.loader_states
-        return state_dict
+        return fetcher.loader_states if isinstance(fetcher, _PrefetchingIterFetcher) else None
 
 
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
@@ -869,48 +829,19 @@ def _cuda_tensors(batch: Any) -> list[torch.Tensor]:
     return tensors
 
 
-def _log_inferring_batch_size(
-    module: pl.LightningModule, fit_loop: _PrefetchingFitLoop, *args: Any, **kwargs: Any
-) -> None:
-    """``module.log`` while this design trains: ``batch_size`` defaults to what the step consumed.
-
-    Why shadow it on the instance: ``LightningModule.log`` itself refuses the flavour without ``batch_size=``;
-    Lightning proper would drop that check and infer the size in the loop.
-    """
-    bound = _LOG_SIGNATURE.bind(module, *args, **kwargs)
-    fetcher = fit_loop._data_fetcher
-    unset = bound.arguments.get("batch_size") is None
-    if unset and module.trainer.training and isinstance(fetcher, _PrefetchingIterFetcher):
-        bound.arguments["batch_size"] = fetcher.step_batch_size()
-    return pl.LightningModule.log(*bound.args, **bound.kwargs)
-
-
-_LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
-
-
 def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead: bool = True) -> pl.Trainer:
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
-    trainer = pl.Trainer(**trainer_kwargs)
-    stock, options = trainer.fit_loop, _Options(depth, transfer_ahead)
+    trainer, options = pl.Trainer(**trainer_kwargs), _Options(depth, transfer_ahead)
     options.serialise_profiler_calls(trainer.profiler)
-    inference_mode = trainer.predict_loop.inference_mode
-    fit_loop = _PrefetchingFitLoop(trainer, options, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs)
-    fit_loop.epoch_loop = _PrefetchingEpochLoop(
-        trainer, min_steps=stock.epoch_loop.min_steps, max_steps=stock.epoch_loop.max_steps
+    return install_loops(
+        trainer,
+        fit_loop=_PrefetchingFitLoop,
+        epoch_loop=_PrefetchingEpochLoop,
+        evaluation_loop=_PrefetchingEvaluationLoop,
+        prediction_loop=_PrefetchingPredictionLoop,
+        options=options,
     )
-    fit_loop.epoch_loop.val_loop = _PrefetchingEvaluationLoop(
-        trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False, options=options
-    )
-    trainer.fit_loop = fit_loop
-    trainer.validate_loop = _PrefetchingEvaluationLoop(
-        trainer, TrainerFn.VALIDATING, RunningStage.VALIDATING, inference_mode=inference_mode, options=options
-    )
-    trainer.test_loop = _PrefetchingEvaluationLoop(
-        trainer, TrainerFn.TESTING, RunningStage.TESTING, inference_mode=inference_mode, options=options
-    )
-    trainer.predict_loop = _PrefetchingPredictionLoop(trainer, inference_mode=inference_mode, options=options)
-    return trainer
 
 
 DESIGN = Design(
