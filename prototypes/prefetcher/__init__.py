@@ -12,12 +12,14 @@ User code::
         def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
             batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
 
-    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                   # depth=2
+    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                   # depth="auto"
     trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
     trainer.fit(Model(), train_dataloaders=loader)
 
-Options: ``depth`` (default 2) is the most batches produced ahead of the step; ``0`` produces each batch on the
-main thread when it is needed. ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
+Options: ``depth`` is the most batches produced ahead of the step; ``0`` produces each batch on the main thread
+when it is needed. The default, ``"auto"``, prefetches 2 and, after timing the first 8 batches of each epoch,
+drops the thread when it could hide less than 1 ms per batch (loading or stepping is that cheap), since the
+hand-off between threads would then cost more than the overlap saves (``queue.Prefetcher``). ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
 with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
 
 One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it
@@ -37,6 +39,7 @@ import pytorch_lightning as pl
 
 from prototypes.common import Design
 from prototypes.lightning_changes import install_loops
+from prototypes.prefetcher.queue import AUTO
 from prototypes.prefetcher.loops import (
     _Options,
     _PrefetchingEpochLoop,
@@ -46,9 +49,10 @@ from prototypes.prefetcher.loops import (
 )
 
 
-def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead: bool = True) -> pl.Trainer:
-    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
-        raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
+def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, transfer_ahead: bool = True) -> pl.Trainer:
+    if depth != AUTO and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
+        raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work) or {AUTO!r} (decide"
+                         f" per epoch), got {depth!r}")
     trainer, options = pl.Trainer(**trainer_kwargs), _Options(depth, transfer_ahead)
     options.serialise_profiler_calls(trainer.profiler)
     return install_loops(
@@ -63,9 +67,9 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead
 
 DESIGN = Design(
     name="prefetcher",
-    summary="Lightning's loops with a fetcher that prefetches `depth` batches on a thread and counts consumed ones",
+    summary="Lightning's loops with a fetcher that prefetches batches on a thread (when it pays) and counts consumed ones",
     make_trainer=_make_trainer,
-    options={"depth": 2},
+    options={"depth": AUTO},
     suite_variants=({"depth": 0}, {"depth": 1}, {"depth": 4}),
     prefetch_depth_option="depth",
     promised_s1_efficiency={"L=C": 0.8, "L=0.5C": 0.5, "L=2C": 0.5},

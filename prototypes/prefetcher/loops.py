@@ -213,7 +213,7 @@ _TRANSFER_ACTIONS = (
 class _Options:
     """The design's options and the CUDA side stream, shared by one trainer's loops."""
 
-    depth: int
+    depth: int | str  # or "auto" (queue.AUTO)
     transfer_ahead: bool
     copy_stream: Any = None
     transfer_actions_lock: threading.RLock = field(default_factory=threading.RLock)

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.prefetcher.queue import Prefetcher
+from prototypes.prefetcher import queue as prefetch_queue
+from prototypes.prefetcher.queue import AUTO, Prefetcher
 from tests.conformance.harness import (
     Crash,
     CrashingModule,
@@ -28,7 +29,7 @@ from tests.conformance.harness import (
 )
 
 PREFETCHER = IMPLEMENTATIONS["prefetcher"]
-DEPTHS = [0, 1, 2, 4]
+DEPTHS = [0, 1, 2, 4, AUTO]
 
 
 def prefetch_threads() -> list[threading.Thread]:
@@ -168,7 +169,54 @@ def test_shutdown_waits_for_a_produce_call_in_progress():
     assert source.produced == 1
 
 
+def consume(prefetcher: Prefetcher, turn_s: float) -> list:
+    """``drain`` with a consumer that works ``turn_s`` seconds per result."""
+    out = []
+    while True:
+        try:
+            out.append(prefetcher.get())
+        except StopIteration:
+            return out
+        prefetcher.release()
+        time.sleep(turn_s)
+
+
+@pytest.mark.timeout(20)
+def test_auto_drops_the_thread_when_loading_is_too_cheap_to_hide_and_loses_nothing():
+    prefetcher = Prefetcher(Counting(40), AUTO)
+    assert consume(prefetcher, 0.002) == list(range(40))  # every item once, in order, across the switch
+    assert not prefetcher.threaded and not prefetch_threads()
+
+
+@pytest.mark.timeout(20)
+def test_auto_drops_the_thread_when_the_consumer_is_too_quick_for_an_overlap_to_pay():
+    prefetcher = Prefetcher(Counting(30, delay=0.003), AUTO)
+    assert consume(prefetcher, 0.0) == list(range(30))
+    assert not prefetcher.threaded
+
+
+@pytest.mark.timeout(20)
+def test_auto_keeps_the_thread_when_loading_and_consuming_both_take_time():
+    source = Counting(20, delay=0.003)
+    prefetcher = Prefetcher(source, AUTO)
+    assert consume(prefetcher, 0.003) == list(range(20))
+    assert prefetcher.threaded
+    prefetcher.shutdown()
+    assert not prefetch_threads()
+
+
+@pytest.mark.timeout(20)
+def test_auto_switching_keeps_an_error_of_a_later_item_for_its_turn():
+    prefetcher = Prefetcher(Counting(40, fail_at=prefetch_queue.AUTO_PROBE_BATCHES + 2), AUTO)
+    with pytest.raises(OddError) as raised:
+        consume(prefetcher, 0.0)
+    assert raised.value.index == prefetch_queue.AUTO_PROBE_BATCHES + 2
+    assert wait_until(lambda: not prefetch_threads())
+
+
 def test_bad_depth_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="'auto'"):
+        Prefetcher(Counting(1), "fast")
     with pytest.raises(ValueError, match="int >= 0"):
         Prefetcher(Counting(1), -1)
     with pytest.raises(ValueError, match="depth"):
@@ -297,11 +345,12 @@ class RecordsState(IterStepModule):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_checkpointed_loader_state_matches_the_consumed_batches(depth):
-    module = RecordsState((1, 2), n_batches=10, wait_for_look_ahead=depth > 0)
+    runs_ahead = depth not in (0, AUTO)  # "auto" may drop its thread once it has timed a few batches
+    module = RecordsState((1, 2), n_batches=10, wait_for_look_ahead=runs_ahead)
     quiet_trainer(depth).fit(module, StatefulDataLoader(SizedItems(20), batch_size=2))
     consumed = [sum(len(s) for s in module.record.steps[: k + 1]) for k in range(len(module.record.steps))]
     assert module.recorded == consumed
-    if depth:
+    if runs_ahead:
         # the loader itself ran ahead: without the per-batch snapshot the checkpoint would skip batches
         assert any(live > done for live, done in zip(module.live, consumed)), (module.live, consumed)
 
