@@ -68,7 +68,7 @@ SMOKE = Sizes(
     s6_base_ms=2.0, s6_batches=6, calibration_batches=3,
 )
 MEASURE = Sizes(
-    rounds=5, warmup=1,
+    rounds=4, warmup=1,
     s1_base_ms=20.0, s1_batches=48,
     s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=40,
     s3_batches=300, s3_rounds=11, s3_warmup=1,

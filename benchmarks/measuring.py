@@ -53,6 +53,11 @@ class Probe:
         self.received: list[int] = []  # ids of the batches the step received, in order
         self.trained: list[int] = []  # ids of the batches the step trained on (S2, where they differ)
         self.final_weights: list[torch.Tensor] = []
+        # batches produced, and batch-transfer hooks run, on a thread other than the main one: where a design did
+        # the work, seen from the work itself (an "auto" depth's decision shows here)
+        self.produced_off_main = 0
+        self.transfers = 0
+        self.transfers_off_main = 0
         self.batches_exact: bool | None = None  # S5: every received batch held its item's values
         self._process = psutil.Process() if track_rss else None
         self.rss_start = self._rss()
@@ -70,8 +75,10 @@ class Probe:
 
     def batch_produced(self) -> None:
         rss = self._rss()
+        off_main = threading.current_thread() is not threading.main_thread()
         with self._lock:
             self.produced += 1
+            self.produced_off_main += off_main
             self.peak_in_flight = max(self.peak_in_flight, self.produced - self.consumed)
             self.peak_rss = max(self.peak_rss, rss)
 
@@ -81,6 +88,19 @@ class Probe:
             self.consumed += 1
             self.received.append(batch_id(batch))
             self.peak_rss = max(self.peak_rss, rss)
+
+    def batch_transferred(self) -> None:
+        off_main = threading.current_thread() is not threading.main_thread()
+        with self._lock:
+            self.transfers += 1
+            self.transfers_off_main += off_main
+
+    def off_main_share(self) -> float | None:
+        """Share of the batches loaded (or, where the loading is in worker processes, transferred) off the main
+        thread; None when neither was observed in this process."""
+        if self.produced:
+            return self.produced_off_main / self.produced
+        return self.transfers_off_main / self.transfers if self.transfers else None
 
     def epoch_started(self) -> None:
         self.rss_start = self._rss() if self._process is not None else 0

@@ -123,7 +123,7 @@ def test_s1_io_bound(benchmark, bench, point: str, who: str) -> None:
     else:
         design = ENTRIES[who]
         row = dict(design=design.id, role="design", flavour="dataloader_iter", depth=workloads.depth_of(design),
-                   default=workloads.is_default(design), **common, **o.row(sizes.s1_batches),
+                   default=workloads.is_default(design), off_main_thread=workloads.off_main_share(measurement.probes), **common, **o.row(sizes.s1_batches),
                    **measuring.versus_alternatives(data, measurement, ALTERNATIVES), rounds=measurement.rounds)
     bench.extra_info(benchmark, row)
     bench.store.record("S1", row)

@@ -8,6 +8,8 @@ designs also at depth 0, 1, 2 and 4 (``dataloader_iter`` flavour: the regular fl
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 from functools import partial
 
 import pytest
@@ -69,10 +71,59 @@ def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
         design = ENTRIES[who]
         row = dict(
             design=design.id, role="design", flavour=flavour, depth=workloads.depth_of(design),
-            default=workloads.is_default(design), n_batches=n,
+            default=workloads.is_default(design), off_main_thread=workloads.off_main_share(measurement.probes),
+            n_batches=n,
             time_per_batch_ms=measuring.rounded(t), t_regular_ms=measuring.rounded(regular),
             t_raw_ms=measuring.rounded(raw), overhead_vs_regular=measuring.rounded(t / regular),
             overhead_vs_raw=measuring.rounded(t / raw), rounds=measurement.rounds,
         )
     bench.extra_info(benchmark, row)
     bench.store.record("S3", row)
+
+
+# ------------------------------------------------------------------------------------------------- where it goes
+PROFILED_FUNCTIONS = 8  # per profiled entry: the functions with the most main-thread time per batch above stock's
+
+
+def _profiled(bench, who: str, flavour: str) -> dict[str, float]:
+    """Main-thread seconds per batch by function (own time, cProfile) over one run of this S3 entry."""
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        _once(bench, who, flavour)
+    finally:
+        profile.disable()
+    n = bench.sizes.s3_batches
+    own: dict[str, float] = {}
+    for (path, line, function), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():
+        short = path.split("site-packages/")[-1].replace(str(workloads.REPO_ROOT) + "/", "")
+        key = f"{short}:{line}({function})"
+        own[key] = own.get(key, 0.0) + tottime / n
+    return own
+
+
+@pytest.mark.benchmark(group="S3 profile (wall time of the profiled runs, not a measurement)")
+def test_s3_where_the_main_thread_time_goes(benchmark, bench) -> None:
+    """A profile of the main thread of each prefetching design's ``dataloader_iter`` entries against stock's
+    regular flavour: where the per-batch time S3 measures above stock goes (the hand-off included: a main thread
+    waiting for the prefetch thread shows as time in the queue's and locks' functions). One profiled run each, after
+    the measured rounds; cProfile slows every entry alike, so the figures locate the cost, the S3 rows size it."""
+    _point(bench)  # after the measurement, never in its rounds
+    benchmark.pedantic(_profile_every_prefetching_entry, args=(bench,), rounds=1, warmup_rounds=0)
+
+
+def _profile_every_prefetching_entry(bench) -> None:
+    stock = _profiled(bench, "baseline:regular", "-")
+    entries = [who for who, design in ENTRIES.items() if design.prefetch_depth_option]
+    for who in entries:
+        own = _profiled(bench, who, "dataloader_iter")
+        excess = sorted(((own.get(k, 0.0) - stock.get(k, 0.0), k) for k in set(own) | set(stock)), reverse=True)
+        for extra_s, function in excess[:PROFILED_FUNCTIONS]:
+            bench.store.record("S3-profile", dict(
+                design=ENTRIES[who].id, role="design", function=function,
+                us_per_batch=measuring.rounded(own.get(function, 0.0) * 1e6, 1),
+                stock_us_per_batch=measuring.rounded(stock.get(function, 0.0) * 1e6, 1),
+                extra_us_per_batch=measuring.rounded(extra_s * 1e6, 1),
+                total_extra_us_per_batch=measuring.rounded(
+                    (sum(own.values()) - sum(stock.values())) * 1e6, 1),
+            ))

@@ -95,7 +95,8 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str) -> None:
     depth = workloads.depth_of(design)
     figures = o.row(n)
     row = dict(
-        design=design.id, role="design", depth=depth, default=workloads.is_default(design), **common,
+        design=design.id, role="design", depth=depth, default=workloads.is_default(design),
+        off_main_thread=workloads.off_main_share(measurement.probes), **common,
         **{k: figures[k] for k in ("L_ms", "C_ms", "C_raw_ms", "t_serial_ms", "t_ideal_ms", "t_ideal_raw_ms",
                                    "efficiency", "efficiency_raw_ideal", "efficiency_best_rounds")},
         in_flight_limit=depth + 1 if isinstance(depth, int) else None,  # a depth the design chooses: no fixed limit

@@ -143,7 +143,7 @@ def test_s6_main_process_work(benchmark, bench, point: str, who: str) -> None:
     else:
         design = ENTRIES[who]
         row = dict(design=design.id, role="design", flavour="dataloader_iter", depth=workloads.depth_of(design),
-                   default=workloads.is_default(design), **common, **figures,
+                   default=workloads.is_default(design), off_main_thread=workloads.off_main_share(measurement.probes), **common, **figures,
                    **measuring.versus_alternatives(data, measurement, ALTERNATIVES), rounds=measurement.rounds)
     bench.extra_info(benchmark, row)
     bench.store.record("S6", row)

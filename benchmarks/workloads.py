@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,6 +39,7 @@ from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
 from tests.conformance.harness import QUIET
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TORCH_THREADS = 1  # one core for the step, the other for whatever a design or step runs alongside it
 
 
@@ -171,6 +173,7 @@ class BenchModule(pl.LightningModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         self.burner.run(self.hook_iterations[1])
+        self.probe.batch_transferred()
         return batch
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -364,6 +367,12 @@ def depth_of(design: Design) -> Any:
     """The prefetch depth a design entry runs at (None for a design that does not prefetch)."""
     option = design.prefetch_depth_option
     return design.options.get(option) if option else None
+
+
+def off_main_share(probes: Sequence[Probe]) -> float | None:
+    """The median over rounds of each run's share of batches loaded (or transferred) off the main thread."""
+    shares = [s for s in (p.off_main_share() for p in probes) if s is not None]
+    return round(statistics.median(shares), 4) if shares else None
 
 
 def is_default(design: Design) -> bool:
