@@ -58,6 +58,7 @@ class Probe:
         self.produced_off_main = 0
         self.transfers = 0
         self.transfers_off_main = 0
+        self.profile: Any = None  # a cProfile.Profile to run from epoch start to epoch end (S3's profile)
         self.batches_exact: bool | None = None  # S5: every received batch held its item's values
         self._process = psutil.Process() if track_rss else None
         self.rss_start = self._rss()
@@ -105,10 +106,14 @@ class Probe:
     def epoch_started(self) -> None:
         self.rss_start = self._rss() if self._process is not None else 0
         self.peak_rss = max(self.peak_rss, self.rss_start)
+        if self.profile is not None:
+            self.profile.enable()
         self.t_epoch_start = time.perf_counter()
 
     def epoch_ended(self, *params: torch.Tensor) -> None:
         self.t_epoch_end = time.perf_counter()
+        if self.profile is not None:
+            self.profile.disable()
         self.final_weights = [p.detach().clone() for p in params]
 
     def span(self) -> float:

@@ -32,9 +32,10 @@ CASES = [(who, "-") for who in BASELINES] + [
 ROWS = 1  # batch size 1: the per-batch machinery dominates
 
 
-def _once(bench, who: str, flavour: str) -> measuring.Probe:
+def _once(bench, who: str, flavour: str, profile: cProfile.Profile | None = None) -> measuring.Probe:
     n = bench.sizes.s3_batches
     probe = measuring.Probe()
+    probe.profile = profile
     dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
     if who == "baseline:raw-pytorch":
         workloads.run_raw_loop(workloads.RegularStep(probe, FEATURES, bench.burner, 0), workloads.loader(dataset))
@@ -86,13 +87,10 @@ PROFILED_FUNCTIONS = 8  # per profiled entry: the functions with the most main-t
 
 
 def _profiled(bench, who: str, flavour: str) -> dict[str, float]:
-    """Main-thread seconds per batch by function (own time, cProfile) over one run of this S3 entry."""
+    """Main-thread seconds per batch by function (own time, cProfile) from epoch start to epoch end of one run of
+    this S3 entry."""
     profile = cProfile.Profile()
-    profile.enable()
-    try:
-        _once(bench, who, flavour)
-    finally:
-        profile.disable()
+    _once(bench, who, flavour, profile)
     n = bench.sizes.s3_batches
     own: dict[str, float] = {}
     for (path, line, function), (_, _, tottime, _, _) in pstats.Stats(profile).stats.items():
@@ -107,7 +105,8 @@ def test_s3_where_the_main_thread_time_goes(benchmark, bench) -> None:
     """A profile of the main thread of each prefetching design's ``dataloader_iter`` entries against stock's
     regular flavour: where the per-batch time S3 measures above stock goes (the hand-off included: a main thread
     waiting for the prefetch thread shows as time in the queue's and locks' functions). One profiled run each, after
-    the measured rounds; cProfile slows every entry alike, so the figures locate the cost, the S3 rows size it."""
+    the measured rounds. cProfile slows every call, and a function's time on the main thread includes waiting for
+    the GIL while the prefetch thread holds it, so the figures locate the cost; the S3 rows size it."""
     _point(bench)  # after the measurement, never in its rounds
     benchmark.pedantic(_profile_every_prefetching_entry, args=(bench,), rounds=1, warmup_rounds=0)
 
@@ -124,6 +123,4 @@ def _profile_every_prefetching_entry(bench) -> None:
                 us_per_batch=measuring.rounded(own.get(function, 0.0) * 1e6, 1),
                 stock_us_per_batch=measuring.rounded(stock.get(function, 0.0) * 1e6, 1),
                 extra_us_per_batch=measuring.rounded(extra_s * 1e6, 1),
-                total_extra_us_per_batch=measuring.rounded(
-                    (sum(own.values()) - sum(stock.values())) * 1e6, 1),
             ))
