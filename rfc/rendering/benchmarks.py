@@ -23,6 +23,7 @@ SCENARIOS = {
     "S4": "Jitter and prefetch depth: efficiency and memory by depth",
     "S5": "GPU: pinned-memory host-to-device copies against compute",
     "S6": "Main-process work in the transfer hooks, loading in workers: efficiency and time against the alternatives",
+    "S3-profile": "Where the extra time per batch goes: a main-thread profile against stock Lightning's regular flavour",
 }
 COLUMN_LABELS = {
     "design": "Design",
@@ -64,6 +65,10 @@ COLUMN_LABELS = {
     "in_flight_limit": "limit",
     "rounds": "rounds",
     "off_main_thread": "share loaded off the main thread",
+    "function": "function (main thread)",
+    "extra_us_per_batch": "extra µs per batch",
+    "us_per_batch": "µs per batch",
+    "stock_us_per_batch": "stock regular µs per batch",
     "R_target_ms": "R target (ms)",
     "ideal_speedup": "ideal speed-up",
     "batch_mib": "batch (MiB)",
@@ -99,9 +104,11 @@ LAYOUTS: dict[str, dict[str, Any]] = {
                details=["design", "point", "M_ms", "C_ms", "L_ms", "t_serial_ms", "t_ideal_ms", "rounds"],
                raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
                     "vs_nodes_prefetch"]),
+    "S3-profile": dict(lead=["design", "function", "extra_us_per_batch", "us_per_batch", "stock_us_per_batch"],
+                       details=[]),
 }
 BASELINE_COLUMNS = ["design", "point", "flavour", "depth", "time_per_batch_ms", "rounds"]
-UNSHOWN = {"role", "default"}  # shown by marking the design cell
+UNSHOWN = {"role", "default", "L_over_C", "M_over_C"}  # the design cell and the point show these
 ROLE_NOTE = {"baseline": "baseline", "alternative": "alternative"}
 
 
