@@ -6,14 +6,13 @@ Run on a machine with CUDA, from the repository root::
     python benchmarks/gpu_s5.py --quick    # a smaller correctness-first run
 
 Each item is a pinned host batch (``--batch-mib``, default 64 MiB) whose values identify it; loading is the
-host-to-device copy L (non_blocking, from pinned memory); the step's compute C is calibrated GPU matmuls that read
-the batch. For C = 2L, L and L/2, side by side in one process: stock Lightning's regular flavour (T_serial: the
-copy and the compute serialise on one stream), a copy-only and a compute-only run (T_ideal = max; compute-only is
-stock Lightning's loop over batches already on the device, the same step, as in the CPU scenarios; its raw-loop
-figure is kept), and every
-registered design with the same user step (it moves the batch itself when a design hands it over on the CPU,
-as stock Lightning's flavour does), interleaved round by round. Efficiency e = (T_serial - T) / (T_serial -
-T_ideal), medians of the rounds.
+host-to-device copy L (non_blocking, from pinned memory); the step's compute C is GPU matmuls that read the batch,
+calibrated before each point so that the compute-only run measures C. For C = 2L, L and L/2, side by side in one
+process: stock Lightning's regular flavour (T_serial: the copy and the compute serialise on one stream), a
+copy-only and a compute-only run (T_ideal = max; compute-only is stock Lightning's loop over batches already on the
+device with the same step, as in the CPU scenarios; its raw-loop figure is kept), and every registered design with
+the same user step (it moves the batch itself when a design hands it over on the CPU, as stock Lightning's flavour
+does), interleaved round by round. Efficiency e = (T_serial - T) / (T_serial - T_ideal), medians of the rounds.
 
 Correctness, per design and point: the step checks on the GPU, without synchronising, that every batch it
 received holds exactly the values of the item it claims to be (a copy read before it finished, or a buffer reused
