@@ -295,3 +295,27 @@ def test_results_of_the_wrong_shape_are_rejected_once_at_load(rfc):
     write_results(rfc, conf, benchmarks())
     result = run(rfc)
     assert result.returncode == 2 and "results[0] must be an object with string 'design' and 'test_id'" in result.stderr
+
+
+def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(rfc):
+    bench = benchmarks()
+    bench["scenarios"]["S1"] = [
+        dict(design="alt:workers", role="alternative", point="L=C", L_over_C=1.0, L_over_C_measured=0.8,
+             time_per_batch_ms=12.0, efficiency=0.8),
+        dict(design="beta", role="design", default=True, point="L=C", L_over_C=1.0, L_over_C_measured=0.8,
+             time_per_batch_ms=10.5, efficiency=0.96, vs_best_alternative=0.875, C_raw_ms=9.0),
+        dict(design="baseline:regular", role="baseline", point="L=C", time_per_batch_ms=20.0),
+    ]
+    bench["targets"] = {"S1": {"what": "efficiency at L = C", "metric": "efficiency", "compare": ">=",
+                               "threshold": 0.95, "results": [dict(design="beta", value=0.96, met=True, point="L=C",
+                                                                   L_over_C=1.0, L_over_C_measured=0.8)]}}
+    write_results(rfc, conformance(), bench)
+    assert run(rfc).returncode == 0
+    text = (rfc / "generated" / "benchmarks.md").read_text()
+    assert "| `beta` | L=C | 0.80 | 10.5 | 0.96 | 0.875 | S1 met |" in text
+    assert "| `alt:workers` *(alternative)* | L=C | 0.80 | 12.0 | 0.80 | – | – |" in text
+    # the calibration missed the nominal ratio by more than 10 %: the targets table says so next to the verdict
+    assert "| S1 | `efficiency` ≥ 0.95 | `beta` | L=C | 0.96 | L/C 0.80 (**off** the nominal 1.00 by more than 10 %) | met |" in text
+    details = text.split("<details><summary>Measured L, C")[1].split("</details>")[0]
+    assert "`baseline:regular` *(baseline)*" in details and "9.00" in details  # baselines and raw-loop figures
+    assert text.count("*Setup (benchmarks-python.json):*") == 1  # one setup line for the page
