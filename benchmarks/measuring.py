@@ -58,6 +58,7 @@ class Probe:
         self.produced_off_main = 0
         self.transfers = 0
         self.transfers_off_main = 0
+        self.hook_work_s = 0.0  # time the batch-transfer hooks spent on their work (S6's M), all batches
         self.profile: Any = None  # a cProfile.Profile to run from epoch start to epoch end (S3's profile)
         self.batches_exact: bool | None = None  # S5: every received batch held its item's values
         self._process = psutil.Process() if track_rss else None
@@ -95,6 +96,13 @@ class Probe:
         with self._lock:
             self.transfers += 1
             self.transfers_off_main += off_main
+
+    def hook_worked(self, seconds: float) -> None:
+        with self._lock:
+            self.hook_work_s += seconds
+
+    def hook_ms_per_batch(self) -> float | None:
+        return self.hook_work_s / self.transfers * 1000.0 if self.transfers else None
 
     def off_main_share(self) -> float | None:
         """Share of the batches loaded (or, where the loading is in worker processes, transferred) off the main

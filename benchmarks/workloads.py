@@ -168,13 +168,19 @@ class BenchModule(pl.LightningModule):
         self.hook_iterations = (hook_iterations // 2, hook_iterations - hook_iterations // 2)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        self.burner.run(self.hook_iterations[0])
+        self._hook_work(self.hook_iterations[0])
         return batch
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        self.burner.run(self.hook_iterations[1])
+        self._hook_work(self.hook_iterations[1])
         self.probe.batch_transferred()
         return batch
+
+    def _hook_work(self, iterations: int) -> None:
+        if iterations:
+            start = time.perf_counter()
+            self.burner.run(iterations)
+            self.probe.hook_worked(time.perf_counter() - start)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-3)

@@ -246,7 +246,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return produced
 
     def _produce(self) -> _Produced:
-        """Load one batch and (optionally) transfer it; runs on the prefetch thread unless depth is 0."""
+        """Load one batch and (optionally) transfer it; on the prefetch thread unless depth is 0 (or "auto" dropped it)."""
         if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
             self._produced = self._resumed_at = self.fetched
         if self.length is not None and self._produced >= self.length and self._limited():
