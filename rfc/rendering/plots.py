@@ -25,7 +25,7 @@ from rendering.markdown import code, no_results, relative_link
 from rendering.results import BENCHMARK_COMMAND, Inputs
 
 # Bump when the drawing code changes, so committed PNGs count as stale and are redrawn.
-PLOT_VERSION = 2
+PLOT_VERSION = 3
 
 
 def _label(row: dict[str, Any]) -> str:
@@ -151,9 +151,8 @@ def draw_memory(data: dict[str, Any], points: dict[str, Any], fig: Any) -> None:
         flight.plot(depths, [p[2] for p in pts], marker="o", label=design)
     every = sorted({p[0] for pts in points["series"].values() for p in pts})
     flight.plot(every, [d + 1 for d in every], color="tab:red", linestyle="-.", linewidth=1, label="limit: depth + 1")
-    for name, value in points["baselines"].items():
-        rss.axhline(value, linestyle=":", linewidth=1, color="0.4")
-        rss.annotate(name, (every[0], value), fontsize=6, color="0.3", va="bottom")
+    for (name, value), style in zip(points["baselines"].items(), (":", "--", "-.", (0, (1, 4)))):
+        rss.axhline(value, linestyle=style, linewidth=1, color="0.4", label=name)
     for ax, ylabel in ((rss, "peak RSS above the epoch start (MB)"), (flight, "peak batches in flight")):
         ax.set_xscale("log", base=2)
         ax.set_xticks(every, [f"{d:g}" for d in every])
