@@ -8,7 +8,9 @@ round: stock Lightning's regular flavour over that loader (T_serial, and the fir
 with workers runs today), the same loader wrapped in torchdata ``nodes`` prefetching under stock Lightning's
 ``dataloader_iter`` flavour (the second alternative), a load-only run (the loader plus the hooks' work, no step), a
 step-only run (stock Lightning over batches already in memory, no hook work) and its raw-loop figure, and every
-registered design, the prefetching ones also at depth 0, 1, 2 and 4.
+registered design, the prefetching ones also at depth 0, 1, 2 and 4. Where a loop does not run the transfer hooks
+(stock Lightning's ``dataloader_iter`` flavour), the step runs them itself (``workloads.IterStep``), so every entry
+does the same work.
 """
 
 from __future__ import annotations

@@ -205,11 +205,18 @@ class RegularStep(BenchModule):
 
 
 class IterStep(BenchModule):
-    """The ``dataloader_iter`` flavour, the plainest user code: one batch per step, nothing special."""
+    """The ``dataloader_iter`` flavour, the plainest user code: one batch per step, nothing special.
+
+    Where the loop handed over a batch without running the batch-transfer hooks (stock Lightning's flavour does
+    not run them, #18831), the step runs them itself, as a user of that flavour has to: every entry does S6's
+    hook work M for every batch, wherever it runs.
+    """
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
         batch, _batch_idx, _dataloader_idx = next(dataloader_iter)
         self.probe.batch_received(batch)
+        if any(self.hook_iterations) and self.probe.transfers < self.probe.consumed:
+            batch = self.on_after_batch_transfer(self.on_before_batch_transfer(batch, 0), 0)
         return self.compute(batch)
 
 
