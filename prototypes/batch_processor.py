@@ -85,6 +85,7 @@ from prototypes.common import (
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+    transfer_batch,
 )
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
@@ -207,13 +208,6 @@ def _fetch(data_fetcher: _DataFetcher) -> Item:
     return _DataFetcher.__next__(data_fetcher)
 
 
-def _transfer(trainer: pl.Trainer, batch: Any, dataloader_idx: int) -> Any:
-    # the regular flavour's transfer path, hooks included
-    batch = trainer.precision_plugin.convert_input(batch)
-    batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=dataloader_idx)
-    return call._call_strategy_hook(trainer, "batch_to_device", batch, dataloader_idx=dataloader_idx)
-
-
 class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     """Lightning's training epoch loop, processing batches itself when ``training_step`` pulls them.
 
@@ -274,7 +268,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         combined_loader = self.trainer.fit_loop._combined_loader
         self._stateful_loaders = loader_states(combined_loader) is not None
         snapshot = partial(loader_states, combined_loader) if self._stateful_loaders else None
-        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(_transfer, self.trainer), snapshot)
+        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(transfer_batch, self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
 
@@ -508,7 +502,7 @@ class _EvaluationStepsPullBatches:
     def _pull_batches(self, step: str, hooks: str, several_dataloaders: bool) -> None:
         trainer, progress = self.trainer, self.batch_progress
         assert self._data_fetcher is not None
-        batches = LookAhead(partial(_fetch, self._data_fetcher), partial(_transfer, trainer))
+        batches = LookAhead(partial(_fetch, self._data_fetcher), partial(transfer_batch, trainer))
         no_progress = NoProgressGuard(step)
         handed_out: list[Item] = []
 

@@ -219,24 +219,6 @@ class _Options:
     transfer_actions_lock: threading.RLock = field(default_factory=threading.RLock)
     profiler_calls_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    @staticmethod
-    def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records
-        the hooks it calls itself."""
-
-        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-            if isinstance(trainer.profiler, PassThroughProfiler):
-                return function
-
-            @functools.wraps(function)
-            def call(*args: Any) -> Any:
-                with trainer.profiler.profile(action):
-                    return function(*args)
-
-            return call
-
-        return wrap
-
     def serialise_profiler_calls(self, profiler: Profiler) -> None:
         """Makes the profiler safe for the prefetch threads and the main thread at once, on this instance.
 

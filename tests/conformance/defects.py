@@ -450,7 +450,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_lr_find_matches_the_regular_flavour",), "2-2"),
     Defect("transfer_hooks_unprofiled", "C18", "prefetcher",
            "runs the transfer hooks on its thread without recording them in the profiler",
-           (prefetch_loops._Options, "profiled"), _instead(staticmethod(lambda trainer, action: lambda function: function)),
+           (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
 )
 
