@@ -15,7 +15,7 @@ import pytest
 import pytorch_lightning as pl
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.batch_processor import IteratorTrainingEpochLoop
+from prototypes.batch_processor.training import IteratorTrainingEpochLoop
 from prototypes.common import Design
 from tests.conformance import plugin
 

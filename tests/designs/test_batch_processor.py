@@ -17,14 +17,9 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.batch_processor import (
-    IteratorEvaluationLoop,
-    IteratorFitLoop,
-    IteratorPredictionLoop,
-    IteratorTrainingEpochLoop,
-    LookAhead,
-    StepIterator,
-)
+from prototypes.batch_processor.evaluation import IteratorEvaluationLoop, IteratorPredictionLoop
+from prototypes.batch_processor.lookahead import LookAhead, StepIterator
+from prototypes.batch_processor.training import IteratorFitLoop, IteratorTrainingEpochLoop
 from tests.conformance.harness import (
     QUIET,
     IterStepModule,

@@ -1,86 +1,31 @@
-"""``batch_processor``: Lightning's loops own the iterator they hand to the step (after PR #8807).
+"""The training loops: the epoch loop runs the step calls itself when ``training_step`` pulls batches."""
 
-User code::
-
-    class Model(LightningModule):
-        def training_step(self, dataloader_iter):
-            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # on self.device, transfer hooks applied
-            loss = self.model(batch).mean()
-            if not dataloader_iter.done:  # exact: True once the epoch's last batch was handed out
-                extra, _, _ = next(dataloader_iter)  # a step may take 0, 1 or more batches
-                loss = loss + self.model(extra).mean()
-            self.log("loss", loss)  # batch size: the samples this step consumed
-            return loss  # automatic optimisation, accumulation and clipping work as usual
-
-        def validation_step(self, dataloader_iter):  # also test_step, predict_step
-            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # one call, one dataloader
-            ...
-
-    trainer = IMPLEMENTATIONS["batch_processor"].trainer(max_epochs=1, accumulate_grad_batches=2)
-    trainer.fit(Model(), train_dataloaders=loader)
-
-``trainer()`` builds a stock Trainer and installs this module's loops: :class:`IteratorFitLoop` with
-:class:`IteratorTrainingEpochLoop`, and :class:`IteratorEvaluationLoop` / :class:`IteratorPredictionLoop` for
-validation (during fit too), test and predict. For a step without a ``dataloader_iter`` parameter every
-overridden method defers to Lightning's own loop. Otherwise the loop keeps the run's batches one ahead of the step
-(:class:`LookAhead`) and gives each step call a fresh :class:`StepIterator`:
-
-- each ``next()`` hands out a batch that went through Lightning's regular transfer path and counts it in
-  ``batch_progress``; ``self.log`` in training without ``batch_size=`` weighs by the samples the step consumed;
-- the batch held back tells the loop whether another remains (so the step is never entered on an exhausted
-  iterator, and ``done`` and ``is_last_batch`` are exact) and is the batch the batch-start hook receives;
-- with automatic optimisation the step runs before ``optimizer.step``, which then gets the computed loss: only
-  after the step does the loop know whether it took the epoch's last batch; accumulation counts step calls;
-- validation runs at the first step boundary at which the consumed batches reach a multiple of
-  ``val_check_batch``;
-- after the step call that took the epoch's last batch, drain calls (``done`` True on entry) let a pipelining step
-  train the batches it holds, until it raises ``StopIteration`` or calls ``next()`` past the end (clause C17);
-- a ``StopIteration`` from ``next()`` inside a step ends the epoch (in evaluation: that dataloader's part of the
-  run) like running out between steps does;
-- a checkpoint records the loaders' state as of the batches handed out, not the one held back, and resuming
-  restores ``batch_idx``, the step-call count and the progress of a step that consumed several batches;
-- misuse: the iterator is closed when its step returns, a ``StopIteration`` not from it is an error, a step with
-  both a batch and ``dataloader_iter`` is refused before any batch is fetched, and a run of steps consuming
-  nothing ends with an error (``prototypes.common``'s checks);
-- under DDP the ranks vote after every step call on whether each still has a batch (``every_rank_has_a_batch``),
-  so uneven shards end every rank at the same step call.
-
-Coupling to Lightning 2.6's private API, all of it here: ``_FitLoop``, ``_TrainingEpochLoop``, ``_EvaluationLoop``
-and ``_PredictionLoop`` (subclassed; the restart and SIGTERM preamble of the training loop's ``advance`` and the
-evaluation loops' ``run`` are repeated around the fetch-and-step part), ``_DataFetcher.__next__`` and ``done`` (the
-plain, profiled fetch that ``_DataLoaderIterDataFetcher`` wraps), ``CombinedLoader._state_dicts`` and ``limits``,
-``_AutomaticOptimization._make_closure`` and ``_optimizer_step``, ``LightningModule._on_before_batch_transfer``,
-``trainer._logger_connector`` and ``trainer.call``'s hook dispatch. Lightning's guard in ``LightningModule.log``
-(``batch_size=`` required when the training step takes ``dataloader_iter``) is met by an instance-level ``log`` on
-the module for the duration of fit.
-"""
 
 from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from lightning_fabric.utilities.apply_func import move_data_to_device
-from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher
-from pytorch_lightning.loops.prediction_loop import _PredictionLoop
-from pytorch_lightning.loops.utilities import _no_grad_context
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 from pytorch_lightning.utilities.exceptions import (
     MisconfigurationException,
-    SIGTERMException,
 )
 
+from prototypes.batch_processor.lookahead import (
+    Item,
+    LookAhead,
+    StepIterator,
+    fetch_within_limits,
+)
 from prototypes.common import (
-    ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
-    Design,
     NoProgressGuard,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
@@ -91,121 +36,11 @@ from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
     ManualOptimizationSeesStopIteration,
-    StockProfilerActions,
     drain,
     epoch_stopped_early,
-    install_loops,
     loader_states,
     supply_log_batch_size,
 )
-
-Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
-
-
-
-class LookAhead:
-    """The run's batches, fetched one ahead of the step so the loop knows whether another remains.
-
-    ``fetch`` returns the next raw ``(batch, batch_idx, dataloader_idx)`` or raises ``StopIteration``; it is
-    never called again after that. ``transfer(batch, dataloader_idx)`` moves a batch to the device; it runs once
-    per batch, when the batch is first needed (handed out or shown to a batch-start hook), not when it is
-    fetched, so a step that pipelines its own work decides when the copy happens. ``snapshot``, if given,
-    returns the loaders' state; ``consumed_state`` is then their state as of the batches taken so far (the
-    batch held back excluded), which is what a checkpoint must record.
-    """
-
-    def __init__(
-        self, fetch: Callable[[], Item], transfer: Callable[[Any, int], Any], snapshot: Callable[[], Any] | None = None
-    ) -> None:
-        self._fetch = fetch
-        self._transfer = transfer
-        self._snapshot = snapshot or (lambda: None)
-        self._head: Item | None = None
-        self._head_transferred = False
-        self._fetch_error: Exception | None = None
-        self.exhausted = False
-        self.consumed_state: Any = None
-        self._fetch_head()
-
-    def _fetch_head(self) -> None:
-        # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
-        self.consumed_state = self._snapshot()
-        try:
-            self._head = self._fetch()
-        except StopIteration:
-            self._head, self.exhausted = None, True
-            # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
-            self.consumed_state = self._snapshot()
-        except Exception as error:
-            # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
-            # raise it when that batch is asked for, with its original type and traceback
-            self._head, self._fetch_error = None, error
-        self._head_transferred = False
-
-    def exhausted_for(self, dataloader_idx: int) -> bool:
-        """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
-        return self.exhausted or (self._head is not None and self._head[2] != dataloader_idx)
-
-    def peek(self) -> Item:
-        """The next batch, transferred, without taking it; ``StopIteration`` when none remains."""
-        if self._fetch_error is not None:
-            raise self._fetch_error
-        if self._head is None:
-            raise StopIteration
-        if not self._head_transferred:
-            batch, batch_idx, dataloader_idx = self._head
-            self._head = (self._transfer(batch, dataloader_idx), batch_idx, dataloader_idx)
-            self._head_transferred = True
-        return self._head
-
-    def take(self) -> Item:
-        """The next batch, transferred; fetches the one after it so ``exhausted`` is exact afterwards."""
-        item = self.peek()
-        self._fetch_head()
-        return item
-
-
-class StepIterator(Iterator):
-    """What ``*_step(self, dataloader_iter)`` receives: valid for one step call, over one dataloader.
-
-    ``next()`` returns ``(batch, batch_idx, dataloader_idx)`` as ``hand_out`` passes it on (the loop counts it
-    there); ``done`` is True once the last batch of ``dataloader_idx`` was handed out. After the step returns,
-    the loop closes the iterator and ``next()`` raises a ``RuntimeError`` naming the fix (a batch taken then
-    would belong to no step).
-    """
-
-    def __init__(
-        self, batches: LookAhead, hand_out: Callable[[Item], Item], dataloader_idx: int = 0, step: str = "training_step"
-    ) -> None:
-        self._batches = batches
-        self._hand_out = hand_out
-        self._dataloader_idx = dataloader_idx
-        self._step = step
-        self._closed = False
-        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
-
-    def __next__(self) -> Item:
-        if self._closed:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
-        if self._batches.exhausted_for(self._dataloader_idx):
-            self.saw_end = True
-            raise StopIteration
-        return self._hand_out(self._batches.take())
-
-    @property
-    def done(self) -> bool:
-        return self._batches.exhausted_for(self._dataloader_idx)
-
-    def close(self) -> None:
-        self._closed = True
-
-
-def _fetch(data_fetcher: _DataFetcher) -> Item:
-    # the combined loader does not stop at a `limit_*_batches`; the fetcher's `done` counts against it
-    if data_fetcher.done:
-        raise StopIteration
-    # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
-    return _DataFetcher.__next__(data_fetcher)
 
 
 class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
@@ -280,7 +115,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
                 next(data_fetcher.iterator)  # no batch is left: the limits do not cut the loaders
             except StopIteration:
                 pass
-        return _fetch(data_fetcher)
+        return fetch_within_limits(data_fetcher)
 
     def _epoch_uncut(self) -> bool:
         loader = self.trainer.fit_loop._combined_loader
@@ -486,170 +321,8 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         super().reset()
 
 
-class _EvaluationStepsPullBatches:
-    """What :class:`IteratorEvaluationLoop` and :class:`IteratorPredictionLoop` share: the steps of one run.
-
-    The same look-ahead and step iterator as in training, over Lightning's sequential combined loader, with one
-    difference: a step call's iterator covers one dataloader. It stops (``done``, then ``StopIteration``) at that
-    dataloader's last batch; the next dataloader starts with a new step call, as in the regular flavour.
-    ``batch_progress`` counts batches across dataloaders.
-    """
-
-    trainer: pl.Trainer
-    batch_progress: Any
-    _data_fetcher: _DataFetcher | None
-
-    def _pull_batches(self, step: str, hooks: str, several_dataloaders: bool) -> None:
-        trainer, progress = self.trainer, self.batch_progress
-        assert self._data_fetcher is not None
-        batches = LookAhead(partial(_fetch, self._data_fetcher), partial(transfer_batch, trainer))
-        no_progress = NoProgressGuard(step)
-        handed_out: list[Item] = []
-
-        def hand_out(item: Item) -> Item:
-            progress.increment_ready()
-            progress.increment_started()
-            progress.is_last_batch = batches.exhausted
-            handed_out.append(item)
-            return item
-
-        previous_dataloader_idx = 0
-        while not batches.exhausted:
-            batch, batch_idx, dataloader_idx = batches.peek()
-            if dataloader_idx != previous_dataloader_idx:
-                self._on_dataloader_change()
-            previous_dataloader_idx = dataloader_idx
-            hook_dataloader_idx = dataloader_idx if several_dataloaders else None
-            hook_args = self._build_kwargs(batch, batch_idx, hook_dataloader_idx).values()
-            self._on_step_start(batch, hook_dataloader_idx)
-            call._call_callback_hooks(trainer, f"on_{hooks}_batch_start", *hook_args)
-            call._call_lightning_module_hook(trainer, f"on_{hooks}_batch_start", *hook_args)
-
-            handed_out.clear()
-            dataloader_iter = StepIterator(batches, hand_out, dataloader_idx, step)
-            cut_short = False
-            try:
-                output = call._call_strategy_hook(trainer, step, dataloader_iter)
-            except StopIteration:
-                if not batches.exhausted_for(dataloader_idx):
-                    raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=step)) from None
-                output, cut_short = None, True  # the end of this dataloader's part of the run, not an error
-            finally:
-                dataloader_iter.close()
-            for _ in handed_out:
-                progress.increment_processed()
-
-            if handed_out:
-                batch, batch_idx, _ = handed_out[-1]
-            hook_args = self._build_kwargs(batch, batch_idx, hook_dataloader_idx).values()
-            call._call_callback_hooks(trainer, f"on_{hooks}_batch_end", output, *hook_args)
-            call._call_lightning_module_hook(trainer, f"on_{hooks}_batch_end", output, *hook_args)
-            for _ in handed_out:
-                progress.increment_completed()
-            self._on_step_end(output, dataloader_idx, cut_short)
-            no_progress.step_returned(len(handed_out))
-            self.on_iteration_done()
-
-    def _on_dataloader_change(self) -> None:
-        pass
-
-    def _on_step_start(self, batch: Any, hook_dataloader_idx: int | None) -> None:
-        pass
-
-    def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
-        pass
-
-
-class IteratorEvaluationLoop(StockProfilerActions, _EvaluationStepsPullBatches, _EvaluationLoop):
-    """Lightning's validation/test loop; runs the steps itself when ``validation_step``/``test_step`` pull batches."""
-
-    def run(self) -> list:
-        name = "test_step" if self.trainer.testing else "validation_step"
-        step = getattr(self.trainer.lightning_module, name)
-        if not takes_dataloader_iter(step):
-            return super().run()
-        refuse_mixed_step_signature(step, name)
-        return self._run_pulling(name)
-
-    @_no_grad_context
-    def _run_pulling(self, step: str) -> list:
-        # `_EvaluationLoop.run` with the fetch-and-step part replaced
-        self.setup_data()
-        if self.skip:
-            return []
-        self.reset()
-        self.on_run_start()
-        several = self._is_sequential and self.num_dataloaders > 1
-        self._pull_batches(step, "test" if self.trainer.testing else "validation", several)
-        self._store_dataloader_outputs()
-        return self.on_run_end()
-
-    def _on_dataloader_change(self) -> None:
-        self._store_dataloader_outputs()
-
-    def _on_step_start(self, batch: Any, hook_dataloader_idx: int | None) -> None:
-        self.trainer._logger_connector.on_batch_start(batch, hook_dataloader_idx)
-
-    def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
-        trainer = self.trainer
-        trainer._logger_connector.on_batch_end()
-        if not trainer.sanity_checking:
-            self._has_run = True
-            trainer._logger_connector.update_eval_step_metrics(self._seen_batches_per_dataloader[dataloader_idx])
-            self._seen_batches_per_dataloader[dataloader_idx] += 1
-        if not self.batch_progress.is_last_batch and trainer.received_sigterm:
-            raise SIGTERMException
-
-
-class IteratorPredictionLoop(StockProfilerActions, _EvaluationStepsPullBatches, _PredictionLoop):
-    """Lightning's prediction loop; runs the steps itself when ``predict_step`` pulls batches."""
-
-    def run(self) -> Any:
-        step = self.trainer.lightning_module.predict_step
-        if not takes_dataloader_iter(step):
-            return super().run()
-        refuse_mixed_step_signature(step, "predict_step")
-        return self._run_pulling()
-
-    @_no_grad_context
-    def _run_pulling(self) -> Any:
-        # `_PredictionLoop.run` with the fetch-and-step part replaced
-        self.setup_data()
-        if self.skip:
-            return None
-        self.reset()
-        self.on_run_start()
-        self._pull_batches("predict_step", "predict", self.num_dataloaders > 1)
-        return self.on_run_end()
-
-    def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
-        if cut_short:  # a call ended by StopIteration returned nothing
-            return
-        if output is None:
-            self._warning_cache.warn("predict returned None if it was on purpose, ignore this warning...")
-        if self._return_predictions:
-            self._predictions[dataloader_idx].append(move_data_to_device(output, torch.device("cpu")))
-
-
 class IteratorFitLoop(BatchCountingFitLoop):
     """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
 
     def consumed_loader_states(self) -> list[dict] | None:
         return self.epoch_loop.loader_states_consumed()
-
-
-def _trainer_with_iterator_loops(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
-    return install_loops(
-        pl.Trainer(**trainer_kwargs),
-        fit_loop=IteratorFitLoop,
-        epoch_loop=IteratorTrainingEpochLoop,
-        evaluation_loop=IteratorEvaluationLoop,
-        prediction_loop=IteratorPredictionLoop,
-    )
-
-
-DESIGN = Design(
-    name="batch_processor",
-    summary="Lightning's loops hand the step a look-ahead iterator; each next() transfers and counts a batch",
-    make_trainer=_trainer_with_iterator_loops,
-)
