@@ -29,7 +29,7 @@ How it works. A callback cannot reach the training dataloader before Lightning i
 cannot substitute a loader of its own. Instead it keeps Lightning's own ``dataloader_iter`` flavour, which Lightning
 selects because the step declares that parameter, and at ``setup`` shadows each of the user's steps that takes
 ``dataloader_iter`` (``training_step``, ``validation_step``, ``test_step``, ``predict_step``) on the module instance
-with a wrapper of the same signature. Each call, the wrapper hands the user's step a fresh :class:`StepIterator`
+with a wrapper of the same signature. Each call, the wrapper hands the user's step a fresh :class:`FeedStepIterator`
 over Lightning's iterator that
 
 - applies ``precision_plugin.convert_input`` and the module's ``on_before_batch_transfer`` /
@@ -73,10 +73,10 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from prototypes.common import (
     DATALOADER_ITER,
-    ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
     NoProgressGuard,
+    StepIterator,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
@@ -215,28 +215,18 @@ class BatchFeed:
         except StopIteration:
             self._exhausted = True
 
-class StepIterator(Iterator[Item]):
-    """What one step call receives as ``dataloader_iter``; closed when that call returns."""
+class FeedStepIterator(StepIterator):
+    """What one step call receives as ``dataloader_iter``: the feed's batches; closed when that call returns."""
 
     def __init__(self, feed: BatchFeed, hook_name: str) -> None:
-        self._feed: BatchFeed | None = feed
-        self._hook_name = hook_name
+        super().__init__(hook_name)
+        self._feed = feed
 
-    def __next__(self) -> Item:
-        return self._open_feed().next()
+    def _take(self) -> Item:
+        return self._feed.next()
 
-    @property
-    def done(self) -> bool:
-        """True once the last batch of the epoch (of the dataloader, in evaluation) has been handed out."""
-        return not self._open_feed().has_next()
-
-    def close(self) -> None:
-        self._feed = None
-
-    def _open_feed(self) -> BatchFeed:
-        if self._feed is None:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._hook_name))
-        return self._feed
+    def _has_next(self) -> bool:
+        return self._feed.has_next()
 
 
 class DataloaderIterCallback(Callback):
@@ -347,7 +337,7 @@ class DataloaderIterCallback(Callback):
             if not has_batch:  # Lightning could not tell the data was over: end the run, the step not entered
                 raise StopIteration
             consumed_before = feed.consumed
-            step_iter = StepIterator(feed, name)
+            step_iter = FeedStepIterator(feed, name)
             try:
                 output = user_step(step_iter)
             except StopIteration as stop:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -201,3 +201,43 @@ def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
         return hook("on_after_batch_transfer")(batch, dataloader_idx)
 
     return batch_to_device(batch)
+
+
+class StepIterator(Iterator):
+    """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
+
+    A design's subclass hands out the next ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when
+    none remains) and says in ``_has_next`` whether one remains. ``done`` is exact (C5); ``saw_end`` records that
+    the step asked past the end, so it knows the data ended (C17). Once the loop closes the iterator, ``next()``
+    raises an error naming the fix: a batch taken then would belong to no step call.
+    """
+
+    def __init__(self, step: str) -> None:
+        self._step = step
+        self._closed = False
+        self.saw_end = False
+
+    def _take(self) -> tuple[Any, int, int]:
+        raise NotImplementedError
+
+    def _has_next(self) -> bool:
+        raise NotImplementedError
+
+    def __next__(self) -> tuple[Any, int, int]:
+        if self._closed:
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+        try:
+            return self._take()
+        except StopIteration:
+            self.saw_end = True
+            raise
+
+    @property
+    def done(self) -> bool:
+        """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
+        if self._closed:
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+        return not self._has_next()
+
+    def close(self) -> None:
+        self._closed = True

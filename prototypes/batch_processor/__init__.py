@@ -23,7 +23,7 @@ User code::
 :class:`IteratorTrainingEpochLoop`, and :class:`IteratorEvaluationLoop` / :class:`IteratorPredictionLoop` for
 validation (during fit too), test and predict. For a step without a ``dataloader_iter`` parameter every
 overridden method defers to Lightning's own loop. Otherwise the loop keeps the run's batches one ahead of the step
-(:class:`LookAhead`) and gives each step call a fresh :class:`StepIterator`:
+(:class:`LookAhead`) and gives each step call a fresh :class:`LookAheadStepIterator`:
 
 - each ``next()`` hands out a batch that went through Lightning's regular transfer path and counts it in
   ``batch_progress``; ``self.log`` in training without ``batch_size=`` weighs by the samples the step consumed;

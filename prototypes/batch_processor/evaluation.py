@@ -21,7 +21,7 @@ from pytorch_lightning.utilities.exceptions import (
 from prototypes.batch_processor.lookahead import (
     Item,
     LookAhead,
-    StepIterator,
+    LookAheadStepIterator,
     fetch_within_limits,
 )
 from prototypes.common import (
@@ -76,7 +76,7 @@ class _EvaluationStepsPullBatches:
             call._call_lightning_module_hook(trainer, f"on_{hooks}_batch_start", *hook_args)
 
             handed_out.clear()
-            dataloader_iter = StepIterator(batches, hand_out, dataloader_idx, step)
+            dataloader_iter = LookAheadStepIterator(batches, hand_out, dataloader_idx, step)
             cut_short = False
             try:
                 output = call._call_strategy_hook(trainer, step, dataloader_iter)

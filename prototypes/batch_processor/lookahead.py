@@ -1,19 +1,15 @@
 """The iterator the loop owns: batches fetched one ahead of the step, handed to one step call at a time."""
 
-
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher
 
-from prototypes.common import (
-    ITERATOR_USED_AFTER_ITS_STEP,
-)
+from prototypes.common import StepIterator
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
-
 
 
 class LookAhead:
@@ -78,39 +74,23 @@ class LookAhead:
         return item
 
 
-class StepIterator(Iterator):
-    """What ``*_step(self, dataloader_iter)`` receives: valid for one step call, over one dataloader.
-
-    ``next()`` returns ``(batch, batch_idx, dataloader_idx)`` as ``hand_out`` passes it on (the loop counts it
-    there); ``done`` is True once the last batch of ``dataloader_idx`` was handed out. After the step returns,
-    the loop closes the iterator and ``next()`` raises a ``RuntimeError`` naming the fix (a batch taken then
-    would belong to no step).
-    """
+class LookAheadStepIterator(StepIterator):
+    """A step call's ``dataloader_iter`` over the look-ahead: the batches of ``dataloader_idx`` as ``hand_out`` passes
+    them on (the loop counts them there)."""
 
     def __init__(
         self, batches: LookAhead, hand_out: Callable[[Item], Item], dataloader_idx: int = 0, step: str = "training_step"
     ) -> None:
-        self._batches = batches
-        self._hand_out = hand_out
-        self._dataloader_idx = dataloader_idx
-        self._step = step
-        self._closed = False
-        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
+        super().__init__(step)
+        self._batches, self._hand_out, self._dataloader_idx = batches, hand_out, dataloader_idx
 
-    def __next__(self) -> Item:
-        if self._closed:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+    def _take(self) -> Item:
         if self._batches.exhausted_for(self._dataloader_idx):
-            self.saw_end = True
             raise StopIteration
         return self._hand_out(self._batches.take())
 
-    @property
-    def done(self) -> bool:
-        return self._batches.exhausted_for(self._dataloader_idx)
-
-    def close(self) -> None:
-        self._closed = True
+    def _has_next(self) -> bool:
+        return not self._batches.exhausted_for(self._dataloader_idx)
 
 
 def fetch_within_limits(data_fetcher: _DataFetcher) -> Item:

@@ -21,7 +21,7 @@ from pytorch_lightning.utilities.exceptions import (
 from prototypes.batch_processor.lookahead import (
     Item,
     LookAhead,
-    StepIterator,
+    LookAheadStepIterator,
     fetch_within_limits,
 )
 from prototypes.common import (
@@ -236,7 +236,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         trainer = self.trainer
         self._step_saw_end = False
         consumed_before = self.batch_progress.current.ready
-        dataloader_iter = StepIterator(self._batches, self._hand_out)
+        dataloader_iter = LookAheadStepIterator(self._batches, self._hand_out)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
         try:
             with trainer.profiler.profile("run_training_batch"):

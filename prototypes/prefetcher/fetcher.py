@@ -5,7 +5,6 @@ to one step call at a time, counting what the step consumed."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -15,9 +14,9 @@ from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFe
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from prototypes.common import (
-    ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
+    StepIterator,
     every_rank_has_a_batch,
     transfer_batch,
 )
@@ -46,31 +45,19 @@ class _LoaderExhausted(StopIteration):
         self.loader_states = loader_states
 
 
-class _StepIterator(Iterator):
-    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader; closed once the call is over."""
+class _StepIterator(StepIterator):
+    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader, consumed from the fetcher."""
 
     def __init__(self, fetcher: _PrefetchingIterFetcher, dataloader_idx: int) -> None:
+        super().__init__(fetcher.hook_name)
         self._fetcher = fetcher
         self.dataloader_idx = dataloader_idx
-        self._open = True
-        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
 
-    def __next__(self) -> tuple[Any, int, int]:
-        if not self._open:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._fetcher.hook_name))
-        try:
-            return self._fetcher.consume(self.dataloader_idx)
-        except StopIteration:
-            self.saw_end = True
-            raise
+    def _take(self) -> tuple[Any, int, int]:
+        return self._fetcher.consume(self.dataloader_idx)
 
-    @property
-    def done(self) -> bool:
-        """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
-        return self._fetcher.done_for(self.dataloader_idx)
-
-    def close(self) -> None:
-        self._open = False
+    def _has_next(self) -> bool:
+        return not self._fetcher.done_for(self.dataloader_idx)
 
 
 class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
