@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -36,8 +37,6 @@ from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
     ManualOptimizationSeesStopIteration,
-    drain,
-    epoch_stopped_early,
     loader_states,
     supply_log_batch_size,
 )
@@ -67,7 +66,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
         self._step_saw_end = False  # the last step call raised StopIteration or called next() past the last batch
-        self._draining = False
+        self._draining_now = False  # in a drain call: each is an accumulation window of its own
 
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
@@ -202,32 +201,21 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self.batch_progress.increment_completed()
         trainer._logger_connector.update_train_step_metrics()
 
-        # Why here, before the epoch-end validation of `on_advance_end`: batches a pipelining step still holds
-        # belong to this epoch's training (C17)
-        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(trainer)
-        if every_rank_has_a_batch(trainer, data_ended and not self._step_saw_end):
-            self._drain_held_batches()
+        self._drain_if_the_data_ended(self._step_saw_end)
 
-    def _drain_held_batches(self) -> None:
-        consumed, self._draining = self._last_step_consumed, True
+    @contextlib.contextmanager
+    def _draining(self) -> Iterator[None]:
+        consumed, self._draining_now = self._last_step_consumed, True
         try:
-            drain(self.trainer, self._drain_call)
+            yield
         finally:
             # the validation interval and a checkpoint look at the batches of the call that took the last one
-            self._last_step_consumed, self._draining = consumed, False
+            self._last_step_consumed, self._draining_now = consumed, False
 
-    def _drain_call(self) -> bool:
-        """One drain call: no batch, so no batch hooks; logging and optimisation as for any step call."""
-        trainer = self.trainer
+    def _run_drain_call(self) -> bool:
         self._step_batches = []
         self._step_calls += 1
-        steps_before = trainer.global_step
-        trainer._logger_connector.on_batch_start(None)
         self._run_step()
-        trainer._logger_connector.on_batch_end()
-        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
-            self.update_lr_schedulers("step", update_plateau_schedulers=False)
-        trainer._logger_connector.update_train_step_metrics()
         return self._step_saw_end
 
     def _run_step(self) -> Any:
@@ -264,7 +252,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
         optimizer, batch_idx = self.trainer.optimizers[0], self._step_calls - 1
         closure = self.automatic_optimization._make_closure(kwargs, optimizer, batch_idx)
-        if self._draining and batch_idx % self.trainer.accumulate_grad_batches:
+        if self._draining_now and batch_idx % self.trainer.accumulate_grad_batches:
             # Why: every drain call is a window of its own (the epoch's last batch closed the previous one), but
             # Lightning's closure zeroes the gradients only at a multiple of accumulate_grad_batches
             self.automatic_optimization._on_before_zero_grad(optimizer)

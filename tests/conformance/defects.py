@@ -442,7 +442,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C17 + "test_pipelining_step_trains_every_batch_once_per_epoch",), "sized-w0"),
     Defect("no_drain_calls", "C17", "prefetcher",
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
-           (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self, fetcher: None),
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self: None),
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
     # C18 Lightning's own features
     Defect("lr_finder_counts_batches", "C18", "batch_processor",
