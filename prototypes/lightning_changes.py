@@ -258,7 +258,6 @@ class ManualOptimizationSeesStopIteration(_ManualOptimization):
 # ----------------------------------------------------------------------- installing a design's loops
 def install_loops(
     trainer: pl.Trainer,
-    *,
     fit_loop: type[_FitLoop],
     epoch_loop: type[_TrainingEpochLoop],
     evaluation_loop: type,

@@ -61,26 +61,15 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.batch_processor.evaluation import (
-    IteratorEvaluationLoop,
-    IteratorPredictionLoop,
-)
-from prototypes.batch_processor.training import (
-    IteratorFitLoop,
-    IteratorTrainingEpochLoop,
-)
+from prototypes.batch_processor.evaluation import IteratorEvaluationLoop, IteratorPredictionLoop
+from prototypes.batch_processor.training import IteratorFitLoop, IteratorTrainingEpochLoop
 from prototypes.common import Design
 from prototypes.lightning_changes import install_loops
 
 
 def _trainer_with_iterator_loops(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
-    return install_loops(
-        pl.Trainer(**trainer_kwargs),
-        fit_loop=IteratorFitLoop,
-        epoch_loop=IteratorTrainingEpochLoop,
-        evaluation_loop=IteratorEvaluationLoop,
-        prediction_loop=IteratorPredictionLoop,
-    )
+    loops = IteratorFitLoop, IteratorTrainingEpochLoop, IteratorEvaluationLoop, IteratorPredictionLoop
+    return install_loops(pl.Trainer(**trainer_kwargs), *loops)
 
 
 DESIGN = Design(

@@ -14,16 +14,9 @@ from pytorch_lightning.loops.fetchers import _DataFetcher
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.utilities import _no_grad_context
 from pytorch_lightning.trainer import call
-from pytorch_lightning.utilities.exceptions import (
-    SIGTERMException,
-)
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from prototypes.batch_processor.lookahead import (
-    Item,
-    LookAhead,
-    LookAheadStepIterator,
-    fetch_within_limits,
-)
+from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
@@ -31,9 +24,7 @@ from prototypes.common import (
     takes_dataloader_iter,
     transfer_batch,
 )
-from prototypes.lightning_changes import (
-    StockProfilerActions,
-)
+from prototypes.lightning_changes import StockProfilerActions
 
 
 class _EvaluationStepsPullBatches:

@@ -15,16 +15,9 @@ import torch
 from pytorch_lightning.loops.fetchers import _DataFetcher
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
-from pytorch_lightning.utilities.exceptions import (
-    MisconfigurationException,
-)
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from prototypes.batch_processor.lookahead import (
-    Item,
-    LookAhead,
-    LookAheadStepIterator,
-    fetch_within_limits,
-)
+from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,

@@ -20,9 +20,7 @@ from prototypes.common import (
     every_rank_has_a_batch,
     transfer_batch,
 )
-from prototypes.lightning_changes import (
-    loader_states,
-)
+from prototypes.lightning_changes import loader_states
 from prototypes.prefetcher.queue import Prefetcher
 
 if TYPE_CHECKING:  # the loops import this module

@@ -21,10 +21,7 @@ from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 
-from prototypes.common import (
-    refuse_mixed_step_signature,
-    takes_dataloader_iter,
-)
+from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
