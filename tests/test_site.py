@@ -176,7 +176,7 @@ def _screenshot(driver, path: Path) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def test_every_page_fits_1280_px_loads_its_images_and_links_resolve(site, server, browser):
+def test_every_page_fits_1280_px_loads_its_images_and_links_resolve(browser, site, server):
     pages = site_pages(site)
     assert "rfc/generated/matrix/" in pages and "rfc/generated/benchmarks/" in pages, pages
     origin = urlsplit(server).netloc
