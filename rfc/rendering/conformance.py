@@ -122,11 +122,12 @@ def block_matrix(inputs: Inputs, page_dir: Path) -> str:
         "✓: every test of the clause passed. ✗*n*: *n* tests are expected failures of the design; the link leads "
         "to their reasons. **!*n***: *n* tests failed, errored or passed unexpectedly. s*n*: *n* skipped. –: no "
         "test of the clause ran. *All*: every clause together, out of the tests the design ran. A row stands for "
-        "each variant it names (they have the same outcomes); a cell's tooltip gives its counts.\n\nClauses: " + " · ".join(f"**{c}** {cell(clauses[c])}".strip() for c in ordered)
+        "each variant it names (they have the same outcomes); a cell's tooltip gives its counts."
     )
+    key = "Clauses: " + " · ".join(f"**{c}** {cell(clauses[c])}".strip() for c in ordered)
     grid = table(headers, rows, ["---"] + [":---:"] * (len(ordered) + 1))
     return "\n\n".join([setup_line(data["setup"], "conformance.json"),
-                         f'<div class="conformance-matrix" markdown>\n\n{grid}\n\n</div>', legend])
+                         f'<div class="conformance-matrix" markdown>\n\n{grid}\n\n</div>', legend, key])
 
 
 def _outcome_groups(data: dict[str, Any], kinds: set[str]):

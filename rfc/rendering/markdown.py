@@ -44,7 +44,7 @@ def table(headers: list[str], rows: Iterable[list[str]], align: list[str] | None
 
 
 def slugify(heading: str) -> str:
-    """The anchor the site gives a heading (Python-Markdown's ``toc`` default: ``## C3 Exactly once`` -> ``c3-exactly-once``)."""
+    """The anchor Python-Markdown's ``toc`` gives a heading: ``C3 Exactly once`` -> ``c3-exactly-once``."""
     text = re.sub(r"[`*]", "", heading)
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
     text = re.sub(r"[^\w\s-]", "", text).strip().lower()
