@@ -57,7 +57,6 @@ the module for the duration of fit.
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -67,24 +66,17 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
-from lightning_fabric.utilities.types import _Stateful
 from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher
-from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
-from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.loops.utilities import _no_grad_context
 from pytorch_lightning.trainer import call
-from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.data import extract_batch_size
-from pytorch_lightning.utilities.exceptions import MisconfigurationException, SIGTERMException
-
-from prototypes.lightning_changes import (
-    ManualOptimizationSeesStopIteration,
-    StockProfilerActions,
-    drain,
-    epoch_stopped_early,
+from pytorch_lightning.utilities.exceptions import (
+    MisconfigurationException,
+    SIGTERMException,
 )
+
 from prototypes.common import (
     ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
@@ -93,6 +85,18 @@ from prototypes.common import (
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+    transfer_batch,
+)
+from prototypes.lightning_changes import (
+    BatchCountingEpochLoop,
+    BatchCountingFitLoop,
+    ManualOptimizationSeesStopIteration,
+    StockProfilerActions,
+    drain,
+    epoch_stopped_early,
+    install_loops,
+    loader_states,
+    supply_log_batch_size,
 )
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
@@ -204,14 +208,7 @@ def _fetch(data_fetcher: _DataFetcher) -> Item:
     return _DataFetcher.__next__(data_fetcher)
 
 
-def _transfer(trainer: pl.Trainer, batch: Any, dataloader_idx: int) -> Any:
-    # the regular flavour's transfer path, hooks included
-    batch = trainer.precision_plugin.convert_input(batch)
-    batch = trainer.lightning_module._on_before_batch_transfer(batch, dataloader_idx=dataloader_idx)
-    return call._call_strategy_hook(trainer, "batch_to_device", batch, dataloader_idx=dataloader_idx)
-
-
-class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
+class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     """Lightning's training epoch loop, processing batches itself when ``training_step`` pulls them.
 
     Progress, limits, ``max_steps``, validation intervals, checkpoints and the progress bar count batches;
@@ -221,10 +218,8 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
 
     def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
-        self.val_loop = IteratorEvaluationLoop(
-            trainer, TrainerFn.FITTING, RunningStage.VALIDATING, verbose=False, inference_mode=False
-        )
-        self._steps_pull_batches = False
+        self._pulling = False
+        self._pulling_module: pl.LightningModule | None = None  # the module `_pulling` was decided for
         self._batches: LookAhead | None = None
         self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
         self._window_open = False  # gradients accumulated since the last optimizer step
@@ -232,34 +227,48 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         self._last_step_consumed = 0
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
-        self._module_with_supplied_log: pl.LightningModule | None = None
+        self._undo_log_batch_size: Callable[[], None] | None = None
         self._no_progress = NoProgressGuard()
-        self._stateful_loaders = False
+        self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
         self._step_saw_end = False  # the last step call raised StopIteration or called next() past the last batch
         self._draining = False
 
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
-        self._steps_pull_batches = takes_dataloader_iter(step)
-        if self._steps_pull_batches:
+        self._pulling_module, self._pulling = self.trainer.lightning_module, takes_dataloader_iter(step)
+        if self._pulling:
             refuse_mixed_step_signature(step, "training_step")  # before on_run_start fetches a batch
-            self._supply_log_batch_size()
+            if self._undo_log_batch_size is None:  # `run` is called once per epoch
+                self._undo_log_batch_size = supply_log_batch_size(self.trainer.lightning_module, self._step_batch_size)
         super().run(data_fetcher)
+
+    def _steps_pull_batches(self) -> bool:
+        # Why not only `run`'s answer: Lightning asks about a restart (`update_restart_stage`) before `run`
+        module = self.trainer.lightning_module
+        if module is not None and module is not self._pulling_module:
+            self._pulling_module, self._pulling = module, takes_dataloader_iter(module.training_step)
+        return self._pulling
+
+    def _step_calls_this_epoch(self) -> int:
+        return self._step_calls
+
+    def _consumed_by_last_call(self) -> int:
+        return self._last_step_consumed
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
-        if not self._steps_pull_batches:
+        if not self._pulling:
             return
         if self.batch_progress.current.ready == 0:  # not resuming mid-epoch: the restored counts stand otherwise
             self._step_calls = self._last_step_consumed = 0
         self._window_open, self._window_loss = False, None
         self._last_handed_out = (None, -1)
         self._no_progress = NoProgressGuard()
-        loaders = self.trainer.fit_loop._combined_loader.flattened
-        self._stateful_loaders = any(isinstance(loader, _Stateful) for loader in loaders)
-        snapshot = self.trainer.fit_loop._combined_loader._state_dicts if self._stateful_loaders else None
-        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(_transfer, self.trainer), snapshot)
+        combined_loader = self.trainer.fit_loop._combined_loader
+        self._stateful_loaders = loader_states(combined_loader) is not None
+        snapshot = partial(loader_states, combined_loader) if self._stateful_loaders else None
+        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(transfer_batch, self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
 
@@ -295,33 +304,15 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         except MisconfigurationException:
             return None
 
-    def _supply_log_batch_size(self) -> None:
-        # `LightningModule.log` refuses a call without `batch_size=` while training whenever the step takes
-        # `dataloader_iter` (a guard for Lightning's own flavour, which cannot know it). This loop knows, so
-        # the module's `log` fills it in for the duration of fit; a Lightning-side version of this design
-        # would drop the guard instead. When a size cannot be inferred, the guard's error still asks for it.
-        module = self.trainer.lightning_module
-        if self._module_with_supplied_log is module:  # `run` is called once per epoch
-            return
-        trainer, log = self.trainer, module.log
-
-        def log_with_step_batch_size(name: str, value: Any, *args: Any, batch_size: int | None = None, **kwargs: Any):
-            if batch_size is None and trainer.training:  # validation during fit infers its own
-                batch_size = self._step_batch_size()
-            log(name, value, *args, batch_size=batch_size, **kwargs)
-
-        module.log = log_with_step_batch_size
-        self._module_with_supplied_log = module
-
     def teardown(self) -> None:
         # Lightning tears down after every fit, failed ones included
-        if self._module_with_supplied_log is not None:
-            del self._module_with_supplied_log.log
-            self._module_with_supplied_log = None
+        if self._undo_log_batch_size is not None:
+            self._undo_log_batch_size()
+            self._undo_log_batch_size = None
         super().teardown()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
-        if not self._steps_pull_batches:
+        if not self._pulling:
             return super().advance(data_fetcher)
         assert self._batches is not None
         # restart and SIGTERM handling, as in `_TrainingEpochLoop.advance`
@@ -485,15 +476,7 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
 
     def loader_states_consumed(self) -> list[dict] | None:
         """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
-        return self._batches.consumed_state if self._steps_pull_batches and self._batches is not None else None
-
-    def update_restart_stage(self) -> None:
-        super().update_restart_stage()
-        total = self.batch_progress.total
-        if self.restarting and total.ready == total.started == total.processed > total.completed:
-            # Why: Lightning recognises a checkpoint written in on_train_batch_end by completed == processed - 1
-            # (one batch per step call); here the call that wrote it may have consumed several batches
-            self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
+        return self._batches.consumed_state if self._pulling and self._batches is not None else None
 
     def reset(self) -> None:
         if self.restarted_on_train_batch_end:
@@ -501,29 +484,6 @@ class IteratorTrainingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             while self.batch_progress.total.completed < self.batch_progress.total.processed - 1:
                 self.batch_progress.increment_completed()
         super().reset()
-
-    def _accumulated_batches_reached(self) -> bool:
-        if not self._steps_pull_batches:
-            return super()._accumulated_batches_reached()
-        return self._step_calls % self.trainer.accumulate_grad_batches == 0
-
-    def _should_check_val_fx(self, data_fetcher: _DataFetcher) -> bool:
-        if not self._steps_pull_batches:
-            return super()._should_check_val_fx(data_fetcher)
-        trainer = self.trainer
-        if not self._should_check_val_epoch():
-            return False
-        if trainer.should_stop and trainer.fit_loop._can_stop_early:
-            return True
-        if trainer._val_check_time_interval is not None:
-            return time.monotonic() - trainer._last_val_time >= trainer._val_check_time_interval
-        every = trainer.val_check_batch
-        if every == float("inf"):  # an unsized loader (without a limit): validate once it ran out
-            return self.batch_progress.is_last_batch
-        progress = self.batch_progress.total if trainer.check_val_every_n_epoch is None else self.batch_progress.current
-        # a step may consume several batches: validate when this step's batches crossed a multiple
-        consumed = progress.ready
-        return consumed // every > (consumed - self._last_step_consumed) // every
 
 
 class _EvaluationStepsPullBatches:
@@ -542,7 +502,7 @@ class _EvaluationStepsPullBatches:
     def _pull_batches(self, step: str, hooks: str, several_dataloaders: bool) -> None:
         trainer, progress = self.trainer, self.batch_progress
         assert self._data_fetcher is not None
-        batches = LookAhead(partial(_fetch, self._data_fetcher), partial(_transfer, trainer))
+        batches = LookAhead(partial(_fetch, self._data_fetcher), partial(transfer_batch, trainer))
         no_progress = NoProgressGuard(step)
         handed_out: list[Item] = []
 
@@ -671,46 +631,21 @@ class IteratorPredictionLoop(StockProfilerActions, _EvaluationStepsPullBatches, 
             self._predictions[dataloader_idx].append(move_data_to_device(output, torch.device("cpu")))
 
 
-class IteratorFitLoop(_FitLoop):
+class IteratorFitLoop(BatchCountingFitLoop):
     """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
 
-    @property
-    def batch_idx(self) -> int:
-        """When the training step pulls batches, the running step call's index in the epoch; otherwise Lightning's.
-
-        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
-        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
-        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
-        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
-        """
-        if self.epoch_loop._steps_pull_batches:
-            return self.epoch_loop._step_calls - 1
-        return super().batch_idx
-
-    def on_save_checkpoint(self) -> dict:
-        state_dict = super().on_save_checkpoint()
-        # Why: the loaders ran one batch ahead of the steps; resuming from their live state would skip that batch
-        consumed = self.epoch_loop.loader_states_consumed()
-        if consumed:
-            state_dict["combined_loader"] = consumed
-        return state_dict
+    def consumed_loader_states(self) -> list[dict] | None:
+        return self.epoch_loop.loader_states_consumed()
 
 
 def _trainer_with_iterator_loops(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
-    trainer = pl.Trainer(**trainer_kwargs)
-    stock, inference_mode = trainer.fit_loop, trainer.predict_loop.inference_mode
-    trainer.fit_loop = IteratorFitLoop(trainer, min_epochs=stock.min_epochs, max_epochs=stock.max_epochs)
-    trainer.fit_loop.epoch_loop = IteratorTrainingEpochLoop(
-        trainer, stock.epoch_loop.min_steps, stock.epoch_loop.max_steps
+    return install_loops(
+        pl.Trainer(**trainer_kwargs),
+        fit_loop=IteratorFitLoop,
+        epoch_loop=IteratorTrainingEpochLoop,
+        evaluation_loop=IteratorEvaluationLoop,
+        prediction_loop=IteratorPredictionLoop,
     )
-    trainer.validate_loop = IteratorEvaluationLoop(
-        trainer, TrainerFn.VALIDATING, RunningStage.VALIDATING, inference_mode=inference_mode
-    )
-    trainer.test_loop = IteratorEvaluationLoop(
-        trainer, TrainerFn.TESTING, RunningStage.TESTING, inference_mode=inference_mode
-    )
-    trainer.predict_loop = IteratorPredictionLoop(trainer, inference_mode=inference_mode)
-    return trainer
 
 
 DESIGN = Design(

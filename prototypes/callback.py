@@ -33,7 +33,7 @@ with a wrapper of the same signature. Each call, the wrapper hands the user's st
 over Lightning's iterator that
 
 - applies ``precision_plugin.convert_input`` and the module's ``on_before_batch_transfer`` /
-  ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (through ``strategy.batch_to_device``), as the regular
+  ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (``prototypes.common.transfer_batch``), as the regular
   flavour does;
 - numbers batches itself (``batch_idx`` from 0 per epoch and per dataloader; the training count is callback state,
   so it survives a resume);
@@ -80,6 +80,7 @@ from prototypes.common import (
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+    transfer_batch,
 )
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), what ``next(dataloader_iter)`` returns
@@ -193,7 +194,7 @@ class BatchFeed:
                 raise
         batch, _, dataloader_idx = item
         batch_idx, self.consumed = self.consumed, self.consumed + 1
-        return self._to_device(batch, dataloader_idx), batch_idx, dataloader_idx
+        return transfer_batch(self._trainer, batch, dataloader_idx), batch_idx, dataloader_idx
 
     def drain(self) -> int:
         """Read and drop what remains of Lightning's iterator, so Lightning ends the epoch after this step call
@@ -213,17 +214,6 @@ class BatchFeed:
             self.lookahead = next(self._source)
         except StopIteration:
             self._exhausted = True
-
-    def _to_device(self, batch: Any, dataloader_idx: int) -> Any:
-        # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method, profiled
-        # under the action names Lightning gives the two calls it makes itself (the strategy's call profiles the rest)
-        trainer, module = self._trainer, self._module
-        batch = trainer.precision_plugin.convert_input(batch)
-        with trainer.profiler.profile(f"[LightningModule]{type(module).__name__}.on_before_batch_transfer"):
-            batch = module.on_before_batch_transfer(batch, dataloader_idx)
-        with trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device"):
-            return trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
-
 
 class StepIterator(Iterator[Item]):
     """What one step call receives as ``dataloader_iter``; closed when that call returns."""

@@ -5,12 +5,15 @@ Designs import this module and nothing else from ``prototypes``; they never impo
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.profilers import PassThroughProfiler
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
 DATALOADER_ITER = "dataloader_iter"
 
@@ -150,3 +153,51 @@ STOP_ITERATION_WITH_BATCHES_LEFT = (
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
     " iterators inside {step}."
 )
+
+
+def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records the
+    hooks it calls itself."""
+
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        if isinstance(trainer.profiler, PassThroughProfiler):
+            return function
+
+        @functools.wraps(function)
+        def call(*args: Any) -> Any:
+            with trainer.profiler.profile(action):
+                return function(*args)
+
+        return call
+
+    return wrap
+
+
+def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
+                   pin: Callable[[Any], Any] | None = None) -> Any:
+    """What Lightning's regular flavour does to a batch before the step (clause C4), through public API only.
+
+    The precision plugin's ``convert_input``, then ``on_before_batch_transfer``, ``transfer_batch_to_device`` and
+    ``on_after_batch_transfer`` (the datamodule's where it overrides them, as Lightning picks them), each recorded
+    under the action name Lightning's own dispatch gives it. ``pin`` runs between the first hook and the copy.
+    Why not Lightning's dispatch (``trainer._call_lightning_module_hook``): it sets ``module._current_fx_name``, which
+    ``self.log`` on the main thread reads, so it cannot run on a prefetch thread; one path serves every design.
+    """
+
+    def hook(name: str) -> Callable[..., Any]:
+        datamodule = trainer.datamodule
+        owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else trainer.lightning_module
+        kind = "LightningModule" if owner is trainer.lightning_module else "LightningDataModule"
+        return profiled(trainer, f"[{kind}]{type(owner).__name__}.{name}")(getattr(owner, name))
+
+    batch = trainer.precision_plugin.convert_input(batch)
+    batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
+    if pin is not None:
+        batch = pin(batch)
+
+    @profiled(trainer, f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device")
+    def batch_to_device(batch: Any) -> Any:
+        batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
+        return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+    return batch_to_device(batch)

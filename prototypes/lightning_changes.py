@@ -140,12 +140,16 @@ def loader_states(combined_loader: CombinedLoader | None) -> list[dict] | None:
     return combined_loader._state_dicts()
 
 
-class RecordsConsumedLoaderState(_FitLoop):
-    """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
+class BatchCountingFitLoop(_FitLoop):
+    """Lightning's fit loop, changed where it assumes one batch per step call. ``epoch_loop`` is a
+    :class:`BatchCountingEpochLoop`; a design says what its loaders' state was as of the batches handed out."""
+
+    epoch_loop: BatchCountingEpochLoop
 
     def consumed_loader_states(self) -> list[dict] | None:
         raise NotImplementedError
 
+    # ------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
         # Why: the loaders ran ahead of the steps (look-ahead or prefetch); resuming from their live state would
@@ -154,6 +158,20 @@ class RecordsConsumedLoaderState(_FitLoop):
         if consumed is not None:
             state_dict["combined_loader"] = consumed
         return state_dict
+
+    # ------------------------------------------------------------------- [RFC 12] the LR finder asks the loop
+    @property
+    def batch_idx(self) -> int:
+        """When the training step pulls batches, the running step call's index in the epoch; otherwise Lightning's.
+
+        Why: Lightning's LR finder reads ``fit_loop.batch_idx`` (nothing else in Lightning does) to tell whether the
+        running call steps the optimizer, as ``(batch_idx + 1) % accumulate_grad_batches == 0``. Accumulation counts
+        step calls here (C9) while ``batch_idx`` counts batches, so with several batches per call the finder would
+        record a learning rate more than once per optimizer step. Lightning proper would let the finder ask the loop.
+        """
+        if self.epoch_loop._steps_pull_batches():
+            return self.epoch_loop._step_calls_this_epoch() - 1  # a call is counted from its batch-start hooks on
+        return super().batch_idx
 
 
 # ----------------------------------------------------------------------- [RFC 9] self.log's batch size

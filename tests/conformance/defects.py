@@ -29,11 +29,13 @@ from pytorch_lightning.utilities.data import extract_batch_size
 
 import prototypes.batch_processor as batch_processor
 import prototypes.common as common
-import prototypes.prefetcher as prefetcher
+from prototypes.prefetcher import fetcher as prefetch_fetcher
+from prototypes.prefetcher import loops as prefetch_loops
+from prototypes.prefetcher import queue as prefetch_queue
 from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
 
-_Fetcher = prefetcher._PrefetchingIterFetcher
+_Fetcher = prefetch_fetcher._PrefetchingIterFetcher
 _EpochLoop = batch_processor.IteratorTrainingEpochLoop
 
 
@@ -205,7 +207,7 @@ def _produce_ending_on_error(original: Callable[..., Any]) -> Callable[..., Any]
         except StopIteration:
             raise
         except Exception:
-            raise prefetcher._LoaderExhausted(None) from None  # "a broken batch ends the epoch"
+            raise prefetch_fetcher._LoaderExhausted(None) from None  # "a broken batch ends the epoch"
 
     return produce
 
@@ -228,12 +230,12 @@ def _shutdown_without_join(self: Any) -> None:
 
 def _run_catching_exception_only(self: Any) -> None:
     while not self._stop.is_set():
-        if not self._slots.acquire(timeout=prefetcher._POLL_S):
+        if not self._slots.acquire(timeout=prefetch_queue._POLL_S):
             continue
         try:
             self._results.put(self._produce())
         except Exception as error:  # a KeyboardInterrupt ends the thread and never reaches the consumer
-            self._results.put(prefetcher._Failure(error))
+            self._results.put(prefetch_queue._Failure(error))
             return
 
 
@@ -293,7 +295,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
-           (prefetcher.Prefetcher, "get"), _redelivers_every_fifth,
+           (prefetch_queue.Prefetcher, "get"), _redelivers_every_fifth,
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # C4 Device and transfer hooks
     Defect("after_transfer_hook_skipped", "C4", "prefetcher", "never calls `on_after_batch_transfer`",
@@ -309,7 +311,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C04 + "test_batches_arrive_on_the_module_device_in_its_precision",)),
     # C5 End of data
     Defect("done_never_true", "C5", "prefetcher", "never sets `dataloader_iter.done`",
-           (prefetcher._StepIterator, "done"), _instead(property(lambda self: False)),
+           (prefetch_fetcher._StepIterator, "done"), _instead(property(lambda self: False)),
            (C05 + "test_done_is_true_exactly_once_the_last_batch_is_handed_out",), SIZED),
     Defect("cut_short_batches_uncounted", "C5", "batch_processor",
            "does not count the batches of a step call cut short by StopIteration",
@@ -323,7 +325,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C05 + "test_stop_iteration_in_step_takes_no_optimizer_step",), SIZED),
     # C6 Progress counts batches
     Defect("progress_counts_step_calls", "C6", "prefetcher", "advances batch progress once per step call",
-           (prefetcher._ConsumedBatchProgress, "count_consumed"), _counts_only_a_calls_first_batch,
+           (prefetch_loops._ConsumedBatchProgress, "count_consumed"), _counts_only_a_calls_first_batch,
            (C06 + "test_completed_progress_equals_batches_consumed",), SIZED),
     Defect("completed_counts_one_per_call", "C6", "batch_processor",
            "completes at most one batch per step call",
@@ -337,7 +339,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C07 + "test_limit_train_batches_delivers_exactly_n_batches",), SIZED),
     Defect("validation_on_multiples_only", "C7", "prefetcher",
            "validates only when the batch count lands on a multiple of `val_check_interval`",
-           (prefetcher._PrefetchingEpochLoop, "_should_check_val_fx"), _validates_on_multiples_only,
+           (prefetch_loops._PrefetchingEpochLoop, "_should_check_val_fx"), _validates_on_multiples_only,
            (C07 + "test_val_check_interval_counts_batches",)),
     # C8 Hooks
     Defect("stale_start_hook_batch", "C8", "prefetcher",
@@ -359,7 +361,7 @@ CATALOGUE: tuple[Defect, ...] = (
     # C9 Optimisation
     Defect("accumulation_counts_batches", "C9", "prefetcher",
            "closes accumulation windows by batches instead of step calls",
-           (prefetcher._PrefetchingEpochLoop, "_accumulated_batches_reached"),
+           (prefetch_loops._PrefetchingEpochLoop, "_accumulated_batches_reached"),
            _instead(lambda self: self.batch_progress.current.ready % self.trainer.accumulate_grad_batches == 0),
            (C09 + "test_accumulation_counts_step_calls",)),
     Defect("window_open_at_epoch_end", "C9", "batch_processor",
@@ -378,7 +380,7 @@ CATALOGUE: tuple[Defect, ...] = (
     # C11 Exactly-once resume
     Defect("checkpoint_of_produced_batches", "C11", "prefetcher",
            "checkpoints the loader state of the batches produced ahead, not of those consumed",
-           (prefetcher._PrefetchingFitLoop, "on_save_checkpoint"), _instead(_FitLoop.on_save_checkpoint),
+           (prefetch_loops._PrefetchingFitLoop, "on_save_checkpoint"), _instead(_FitLoop.on_save_checkpoint),
            (C11 + "test_resume_delivers_exactly_the_unconsumed_batches",)),
     Defect("batch_idx_renumbered_on_resume", "C11", "batch_processor",
            "hands out the loader's own index, which restarts at 0 after a resume",
@@ -389,15 +391,15 @@ CATALOGUE: tuple[Defect, ...] = (
            (_Fetcher, "_produce"), _produce_ending_on_error,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("loading_error_retyped", "C12", "prefetcher", "re-raises a loading error as a RuntimeError",
-           (prefetcher.Prefetcher, "get"), _get_retyping_errors,
+           (prefetch_queue.Prefetcher, "get"), _get_retyping_errors,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("thread_not_joined", "C12", "prefetcher", "stops its prefetch thread without joining it",
-           (prefetcher.Prefetcher, "shutdown"), _instead(_shutdown_without_join),
+           (prefetch_queue.Prefetcher, "shutdown"), _instead(_shutdown_without_join),
            (C12 + "test_error_in_the_step_while_loading_leaves_no_thread_running",)),
     # C13 Interrupts and early stops
     Defect("interrupt_kills_the_thread", "C13", "prefetcher",
            "lets a KeyboardInterrupt end its thread instead of reaching the step",
-           (prefetcher.Prefetcher, "_run"), _instead(_run_catching_exception_only),
+           (prefetch_queue.Prefetcher, "_run"), _instead(_run_catching_exception_only),
            (C13 + "test_keyboard_interrupt_while_loading_takes_the_interrupt_path",)),
     # the leaked thread polls until the process ends; w0: no worker processes are kept alive with it
     Defect("early_stop_leaves_the_thread", "C13", "prefetcher",
@@ -406,7 +408,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C13 + "test_early_stop_leaves_nothing_running_and_loses_no_batch",), "w0 and max_steps"),
     # C14 Misuse
     Defect("iterator_stays_open", "C14", "prefetcher", "keeps a step's `dataloader_iter` usable after the step",
-           (prefetcher._StepIterator, "close"), _instead(lambda self: None),
+           (prefetch_fetcher._StepIterator, "close"), _instead(lambda self: None),
            (C14 + "test_iterator_used_after_its_step_returned",), "later_step"),
     Defect("empty_steps_spin", "C14", "batch_processor", "calls a step that consumes nothing forever",
            (common.NoProgressGuard, "step_returned"), _instead(lambda self, consumed: None),
@@ -430,7 +432,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C15 + "test_multiple_dataloaders_each_sequence_once_with_its_dataloader_idx",), "validate and " + SIZED),
     # C16 Distributed
     Defect("no_end_of_data_vote", "C16", "prefetcher", "ends an uneven shard's epoch without the ranks' vote",
-           (prefetcher, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
+           (prefetch_fetcher, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
            (C16 + "test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error",)),
     # C17 Steps with work in flight
     Defect("never_drains", "C17", "batch_processor",
@@ -439,7 +441,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C17 + "test_pipelining_step_trains_every_batch_once_per_epoch",), "sized-w0"),
     Defect("no_drain_calls", "C17", "prefetcher",
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
-           (prefetcher._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self, fetcher: None),
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self, fetcher: None),
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
     # C18 Lightning's own features
     Defect("lr_finder_counts_batches", "C18", "batch_processor",
@@ -448,7 +450,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_lr_find_matches_the_regular_flavour",), "2-2"),
     Defect("transfer_hooks_unprofiled", "C18", "prefetcher",
            "runs the transfer hooks on its thread without recording them in the profiler",
-           (prefetcher._Options, "profiled"), _instead(staticmethod(lambda trainer, action: lambda function: function)),
+           (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
 )
 

@@ -420,7 +420,7 @@ class IterStepModule(RecordingModule):
             self.record.drain_calls += 1
             self.record.events.append(("drain_call",))
             next(dataloader_iter)
-            raise AssertionError(f"next() on an exhausted dataloader_iter returned instead of raising StopIteration")
+            raise AssertionError("next() on an exhausted dataloader_iter returned instead of raising StopIteration")
         call = self.step_calls
         self.step_calls += 1
         self.record.events.append(("training_step", call))

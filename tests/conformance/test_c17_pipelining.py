@@ -18,7 +18,6 @@ from tests.conformance.harness import (
     IterStepModule,
     PipeliningModule,
     TrainPipelineModule,
-    ids,
     loader_sequence,
     make_loader,
     make_trainer,

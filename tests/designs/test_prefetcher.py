@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.prefetcher import Prefetcher
+from prototypes.prefetcher.queue import Prefetcher
 from tests.conformance.harness import (
     Crash,
     CrashingModule,

@@ -1,0 +1,73 @@
+"""``prefetcher``: Lightning 2.6's loops with a data fetcher that keeps batches in flight and counts consumed batches.
+
+User code::
+
+    class Model(LightningModule):
+        def training_step(self, dataloader_iter):
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # already on self.device
+            loss = self.model(batch).mean()
+            self.log("loss", loss)  # batch_size inferred from the batch the step received
+            return loss
+
+        def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
+            batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
+
+    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                   # depth=2
+    trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
+    trainer.fit(Model(), train_dataloaders=loader)
+
+Options: ``depth`` (default 2) is the most batches produced ahead of the step; ``0`` produces each batch on the
+main thread when it is needed. ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
+with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
+
+One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it
+also pins them and copies them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue; batch progress,
+``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the batches the step
+consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's iterator ends
+(``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call. The regular
+flavour keeps Lightning's own fetcher. After the step call that took the epoch's last batch, drain calls (``done``
+True on entry) let a pipelining step train the batches it holds (clause C17).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytorch_lightning as pl
+
+from prototypes.common import Design
+from prototypes.lightning_changes import install_loops
+from prototypes.prefetcher.loops import (
+    _Options,
+    _PrefetchingEpochLoop,
+    _PrefetchingEvaluationLoop,
+    _PrefetchingFitLoop,
+    _PrefetchingPredictionLoop,
+)
+
+
+def _make_trainer(trainer_kwargs: dict[str, Any], depth: int = 2, transfer_ahead: bool = True) -> pl.Trainer:
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work), got {depth!r}")
+    trainer, options = pl.Trainer(**trainer_kwargs), _Options(depth, transfer_ahead)
+    options.serialise_profiler_calls(trainer.profiler)
+    return install_loops(
+        trainer,
+        fit_loop=_PrefetchingFitLoop,
+        epoch_loop=_PrefetchingEpochLoop,
+        evaluation_loop=_PrefetchingEvaluationLoop,
+        prediction_loop=_PrefetchingPredictionLoop,
+        options=options,
+    )
+
+
+DESIGN = Design(
+    name="prefetcher",
+    summary="Lightning's loops with a fetcher that prefetches `depth` batches on a thread and counts consumed ones",
+    make_trainer=_make_trainer,
+    options={"depth": 2},
+    suite_variants=({"depth": 0}, {"depth": 1}, {"depth": 4}),
+    prefetch_depth_option="depth",
+    promised_s1_efficiency={"L=C": 0.8, "L=0.5C": 0.5, "L=2C": 0.5},
+    promised_s4_efficiency_at_depth={4: 0.5, 8: 0.5},
+)

@@ -1,0 +1,320 @@
+"""The data fetcher: keeps batches in flight on a :class:`~prototypes.prefetcher.queue.Prefetcher` and hands them
+to one step call at a time, counting what the step consumed."""
+
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+from lightning_fabric.utilities.data import sized_len
+from lightning_utilities.core.apply_func import apply_to_collection
+from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
+from pytorch_lightning.utilities.data import extract_batch_size
+
+from prototypes.common import (
+    ITERATOR_USED_AFTER_ITS_STEP,
+    STOP_ITERATION_WITH_BATCHES_LEFT,
+    NoProgressGuard,
+    every_rank_has_a_batch,
+    transfer_batch,
+)
+from prototypes.lightning_changes import (
+    loader_states,
+)
+from prototypes.prefetcher.queue import Prefetcher
+
+if TYPE_CHECKING:  # the loops import this module
+    from prototypes.prefetcher.loops import _InstallsPrefetchingFetcher
+
+
+class _Produced(NamedTuple):
+    batch: Any
+    batch_idx: int
+    dataloader_idx: int
+    loader_states: list[dict] | None  # the loaders' state right after this batch: what a checkpoint records
+    ready: torch.cuda.Event | None  # recorded on the side stream after the copies of this batch
+
+
+class _LoaderExhausted(StopIteration):
+    """The epoch's data ended; carries the loaders' state after their end, or None when a limit cut them short."""
+
+    def __init__(self, loader_states: list[dict] | None) -> None:
+        super().__init__()
+        self.loader_states = loader_states
+
+
+class _StepIterator(Iterator):
+    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader; closed once the call is over."""
+
+    def __init__(self, fetcher: _PrefetchingIterFetcher, dataloader_idx: int) -> None:
+        self._fetcher = fetcher
+        self.dataloader_idx = dataloader_idx
+        self._open = True
+        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
+
+    def __next__(self) -> tuple[Any, int, int]:
+        if not self._open:
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._fetcher.hook_name))
+        try:
+            return self._fetcher.consume(self.dataloader_idx)
+        except StopIteration:
+            self.saw_end = True
+            raise
+
+    @property
+    def done(self) -> bool:
+        """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
+        return self._fetcher.done_for(self.dataloader_idx)
+
+    def close(self) -> None:
+        self._open = False
+
+
+class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
+    """Keeps up to ``depth`` batches in flight and hands them to the step through a ``_StepIterator``.
+
+    Lightning's loop reads ``_batch``/``_batch_idx`` before the step (for ``on_train_batch_start``) and after it (for
+    ``on_train_batch_end``), and ``done`` for ``is_last_batch``: here they describe the next batch to be consumed
+    (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches.
+    """
+
+    def __init__(self, loop: _InstallsPrefetchingFetcher) -> None:
+        super().__init__()
+        self.trainer = loop.trainer
+        self.options = loop.options
+        self.hook_name = loop.step_name
+        self.progress = loop.counted_progress
+        self.depth = loop.options.depth
+        self.transfer_ahead = loop.options.transfer_ahead
+        self.copy_stream = loop.options.side_stream(self.trainer)  # None off CUDA / without background transfer
+        self.prefetcher: Prefetcher | None = None
+        self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
+        self.consumed_in_step = 0
+        self.cut_short = False  # the current step call ended in the StopIteration of its dataloader's end
+        self.step_saw_end = False  # the last step call was cut short or called next() past the last batch
+        self.draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
+        self.no_progress = NoProgressGuard(self.hook_name)
+        self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
+        self.loader_states: list[dict] | None = None  # state matching the consumed batches
+        self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
+        self._agreed_head: _Produced | None = None  # the head every rank has a batch for
+        self._ended_on_every_rank = False
+        self._step_iterator: _StepIterator | None = None
+
+    # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
+    @property
+    def done(self) -> bool:
+        return self._peek_on_every_rank() is None
+
+    @done.setter
+    def done(self, exhausted: bool) -> None:  # Lightning's reset() declares an empty loader exhausted
+        self._exhausted = exhausted
+
+    def __iter__(self) -> _PrefetchingIterFetcher:
+        self.stop()
+        _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
+        return self._begin()
+
+    def adopt(self, started: _DataFetcher) -> _PrefetchingIterFetcher:
+        """Take over the loader iterator of Lightning's fetcher, which the evaluation loops set up and iterate
+        before installing it (``_EvaluationLoop.reset``). Why: iterating again would start the workers twice."""
+        self.stop()
+        self.setup(started.combined_loader)
+        self.iterator = started.iterator
+        self.reset()
+        self.fetched, self._start_profiler, self._stop_profiler = (
+            started.fetched, started._start_profiler, started._stop_profiler
+        )
+        return self._begin()
+
+    def _begin(self) -> _PrefetchingIterFetcher:
+        self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
+        self._resumed_at = 0
+        self.loader_states = loader_states(self._combined_loader)
+        self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
+        return self
+
+    def __next__(self) -> _StepIterator:
+        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first."""
+        head = self._peek_on_every_rank()
+        if head is None:
+            raise StopIteration
+        if self.step_calls:
+            self.no_progress.step_returned(self.consumed_in_step)  # of the previous call
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
+        return self.start_step_call()
+
+    def start_step_call(self) -> _StepIterator:
+        """A new step call's iterator; called directly for a drain call, which finds no batch left."""
+        self.close_step()
+        self.step_calls += 1
+        self.consumed_in_step = 0
+        self.cut_short = False
+        self.step_batches = []
+        self._step_iterator = _StepIterator(self, self._dataloader_idx)
+        return self._step_iterator
+
+    def done_for(self, dataloader_idx: int) -> bool:
+        """No batch of ``dataloader_idx`` is left: a step call's iterator never spans two dataloaders (C15)."""
+        head = self._peek_on_every_rank()
+        return head is None or head.dataloader_idx != dataloader_idx
+
+    def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
+        """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
+        if self.done_for(dataloader_idx):
+            raise StopIteration
+        head, self._head = self._head, None
+        self.prefetcher.release()
+        self.fetched += 1
+        self.consumed_in_step += 1
+        self.loader_states = head.loader_states
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
+        self.step_batches.append(head.batch)
+        self.progress.count_consumed()
+        return head.batch, head.batch_idx, head.dataloader_idx
+
+    def step_stopped(self) -> None:
+        """The step call raised StopIteration: at its dataloader's end that ends the call; elsewhere it is an error."""
+        if self._step_iterator is not None and not self._step_iterator.done:
+            raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=self.hook_name)) from None
+        self.cut_short = True
+
+    def close_step(self) -> None:
+        if self._step_iterator is not None:
+            self._step_iterator.close()
+            self.step_saw_end = self.cut_short or self._step_iterator.saw_end
+            self._step_iterator = None
+
+    def step_batch_size(self) -> int:
+        """Samples the current step call consumed (before its first next(): the batch it will get)."""
+        batches = self.step_batches or ([self._batch] if self._batch is not None else [])
+        return sum(extract_batch_size(batch) for batch in batches) if batches else 1
+
+    def _peek_on_every_rank(self) -> _Produced | None:
+        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
+
+        Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
+        #2258). The ranks vote once per batch (when it first becomes the next one) and once at the end, so every
+        rank votes the same number of times whoever reads ``done`` how often; all end the epoch together, dropping
+        what longer shards still hold.
+        """
+        if self._ended_on_every_rank:
+            return None
+        head = self._peek()
+        if head is not None and head is self._agreed_head:
+            return head
+        if every_rank_has_a_batch(self.trainer, head is not None):
+            self._agreed_head = head
+            return head
+        self._head, self._exhausted, self._ended_on_every_rank = None, True, True
+        return None
+
+    def _peek(self) -> _Produced | None:
+        if self._head is None and not self._exhausted:
+            self._head = self._take()
+        return self._head
+
+    def _take(self) -> _Produced | None:
+        if self.prefetcher is None:
+            raise RuntimeError("the epoch's prefetching has stopped; no more batches are handed out in this epoch")
+        # Why not profile a take known to find the end: the `*_next` action records one fetch per batch (C1)
+        profiled = self.length is None or self.fetched < self.length
+        if profiled:
+            self._start_profiler()
+        try:
+            produced = self.prefetcher.get()
+        except _LoaderExhausted as end:
+            self._exhausted = True
+            if end.loader_states is not None:  # Why: nothing unconsumed is left: resume from the exhausted state
+                self.loader_states = end.loader_states
+            return None
+        finally:
+            if profiled:
+                self._stop_profiler()
+        if produced.ready is not None:
+            # Why (sync point): the compute stream must not read the batch before the side stream's copies finish,
+            # and the allocator must not hand these buffers back to the side stream while the step still uses them.
+            compute_stream = torch.cuda.current_stream(self.copy_stream.device)
+            compute_stream.wait_event(produced.ready)
+            for tensor in _cuda_tensors(produced.batch):
+                tensor.record_stream(compute_stream)
+        if not self.transfer_ahead:
+            produced = produced._replace(batch=self._transfer(produced.batch, produced.dataloader_idx))
+        return produced
+
+    def _produce(self) -> _Produced:
+        """Load one batch and (optionally) transfer it; runs on the prefetch thread unless depth is 0."""
+        if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
+            self._produced = self._resumed_at = self.fetched
+        if self.length is not None and self._produced >= self.length and self._limited():
+            # Why not read on: the combined loader does not stop at a `limit_*_batches`, and a limit must bound
+            # what is read (a streaming source consumes what is read), not only what is trained
+            raise _LoaderExhausted(None)
+        try:
+            # Past Lightning's length of an unlimited loader this finds its end: a loader that ended yields the state
+            # that makes a resumed run start the next epoch rather than an empty rest of this one.
+            batch, loader_batch_idx, dataloader_idx = next(self.iterator)
+        except StopIteration:
+            raise _LoaderExhausted(loader_states(self._combined_loader)) from None
+        self._produced += 1
+        # Why add: the combined loader counts from 0 again after a resume (and for each evaluation dataloader)
+        batch_idx = self._resumed_at + loader_batch_idx
+        if self.length is not None and self._produced > self.length:
+            raise _LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
+        states = loader_states(self._combined_loader)  # snapshot on the thread that drives the loader: consistent
+        ready = None
+        if self.transfer_ahead and self.copy_stream is not None:
+            # Why set the device: a new thread starts on device 0, whatever device this rank trains on.
+            with torch.cuda.device(self.copy_stream.device), torch.cuda.stream(self.copy_stream):
+                batch = self._transfer(batch, dataloader_idx, pin=True)
+                ready = self.copy_stream.record_event()
+        elif self.transfer_ahead:
+            batch = self._transfer(batch, dataloader_idx)
+        return _Produced(batch, batch_idx, dataloader_idx, states, ready)
+
+    def _transfer(self, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
+        """The regular flavour's transfer path, possibly on the prefetch thread: the user's hooks must be thread-safe.
+
+        Why pin: a copy from pageable memory is synchronous even with ``non_blocking=True`` (apex #304).
+        """
+        pinning = functools.partial(apply_to_collection, dtype=torch.Tensor, function=_pinned) if pin else None
+        return transfer_batch(self.trainer, batch, dataloader_idx, pin=pinning)
+
+    def _limited(self) -> bool:
+        """Whether a ``limit_*_batches`` cuts any loader short of its length."""
+        loader = self._combined_loader
+        limits = loader.limits or []
+        return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits))
+
+
+    def stop(self) -> None:
+        """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped."""
+        self.close_step()
+        if self.prefetcher is not None:
+            self.prefetcher.shutdown()
+            self.prefetcher = None
+        self._head = None
+
+    def reset(self) -> None:
+        super().reset()
+        self.step_calls = self.consumed_in_step = 0
+        self.no_progress = NoProgressGuard(self.hook_name)
+        self._agreed_head, self._ended_on_every_rank = None, False
+
+    def teardown(self) -> None:
+        self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them
+        super().teardown()
+
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.pin_memory() if tensor.device.type == "cpu" and not tensor.is_pinned() else tensor
+
+
+def _cuda_tensors(batch: Any) -> list[torch.Tensor]:
+    tensors: list[torch.Tensor] = []
+    apply_to_collection(batch, torch.Tensor, lambda t: tensors.append(t) if t.is_cuda else None)
+    return tensors
