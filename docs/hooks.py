@@ -109,8 +109,9 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
         return markdown
     blocks = []
     for module in registered_modules():
-        if not (ROOT / (module.replace(".", "/") + ".py")).is_file():
-            log.warning("registered design module %s has no file", module)
+        path = ROOT / module.replace(".", "/")
+        if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
+            log.warning("registered design module %s has no file (neither %s.py nor a package)", module, path.name)
             continue
         blocks.append(f"::: {module}\n    options:\n      heading_level: 3\n")
     return markdown.replace(API_PLACEHOLDER, "\n".join(blocks))
