@@ -136,8 +136,10 @@ def _ids_in(page: Path) -> frozenset[str]:
     return frozenset(parser.ids)
 
 
-# Measures a loaded page: sideways scrolling, tables wider than their column, images, links.
+# Measures a loaded page, its collapsed blocks opened: sideways scrolling, tables wider than their column, images,
+# links.
 MEASURE = """
+document.querySelectorAll('details').forEach(d => { d.open = true; });  // what a reader expands must fit too
 const doc = document.documentElement;
 const tables = [...document.querySelectorAll('.md-content table')].map((t, i) => {
   const box = t.closest('.md-typeset__scrollwrap') || t.parentElement;
