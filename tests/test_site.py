@@ -36,7 +36,7 @@ SHOTS = [("rfc/", "rfc-overview.png"), ("rfc/generated/matrix/", "matrix.png"),
 # Flags for a root user on a machine with no network but loopback (see the module docstring).
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--hide-scrollbars", f"--window-size={WIDTH},{HEIGHT}"]
+                  "--disable-dev-shm-usage", f"--window-size={WIDTH},{HEIGHT}"]
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -149,7 +149,7 @@ const tables = [...document.querySelectorAll('.md-content table')].map((t, i) =>
           width: Math.max(t.scrollWidth, box.scrollWidth), room: box.clientWidth};
 });
 return {
-  pageWidth: doc.scrollWidth, viewport: doc.clientWidth,
+  window: window.innerWidth, pageWidth: doc.scrollWidth, viewport: doc.clientWidth,
   tables: tables,
   images: [...document.images].map(img => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0})),
   links: [...document.querySelectorAll('a[href]')].map(a => a.href),
@@ -185,6 +185,7 @@ def test_every_page_fits_1280_px_loads_its_images_and_links_resolve(browser, sit
     problems: list[str] = []
     for page in pages:
         seen = _load(browser, server + page)
+        assert seen["window"] == WIDTH, f"the browser window is {seen['window']} px wide, not {WIDTH}"
         if seen["pageWidth"] > seen["viewport"]:
             problems.append(f"{page}: scrolls sideways ({seen['pageWidth']} px of content in {seen['viewport']} px)")
         for table in seen["tables"]:
