@@ -14,6 +14,7 @@ Run it alone with::
 
 from __future__ import annotations
 
+import base64
 import functools
 import html.parser
 import os
@@ -173,8 +174,6 @@ def _screenshot(driver, path: Path) -> None:
         "format": "png", "captureBeyondViewport": True,
         "clip": {"x": 0, "y": 0, "width": WIDTH, "height": min(height, 16000), "scale": 1},
     })
-    import base64
-
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
@@ -183,9 +182,11 @@ def test_every_page_fits_1280_px_loads_its_images_and_links_resolve(browser, sit
     assert "rfc/generated/matrix/" in pages and "rfc/generated/benchmarks/" in pages, pages
     origin = urlsplit(server).netloc
     problems: list[str] = []
+    tables_seen = 0
     for page in pages:
         seen = _load(browser, server + page)
         assert seen["window"] == WIDTH, f"the browser window is {seen['window']} px wide, not {WIDTH}"
+        tables_seen += len(seen["tables"])
         if seen["pageWidth"] > seen["viewport"]:
             problems.append(f"{page}: scrolls sideways ({seen['pageWidth']} px of content in {seen['viewport']} px)")
         for table in seen["tables"]:
@@ -203,6 +204,7 @@ def test_every_page_fits_1280_px_loads_its_images_and_links_resolve(browser, sit
                 problems.append(f"{page}: link {href} leads nowhere")
             elif fragment and target.suffix == ".html" and fragment not in _ids_in(target):
                 problems.append(f"{page}: link {href} names an anchor its page lacks")
+    assert tables_seen, "no table measured on any page: the check looks for tables where the theme no longer puts them"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for page, name in SHOTS:
         _load(browser, server + page)
