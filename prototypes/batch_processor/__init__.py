@@ -45,12 +45,8 @@ overridden method defers to Lightning's own loop. Otherwise the loop keeps the r
 - under DDP the ranks vote after every step call on whether each still has a batch (``every_rank_has_a_batch``),
   so uneven shards end every rank at the same step call.
 
-Coupling to Lightning 2.6's private API, all of it here: ``_FitLoop``, ``_TrainingEpochLoop``, ``_EvaluationLoop``
-and ``_PredictionLoop`` (subclassed; the restart and SIGTERM preamble of the training loop's ``advance`` and the
-evaluation loops' ``run`` are repeated around the fetch-and-step part), ``_DataFetcher.__next__`` and ``done`` (the
-plain, profiled fetch that ``_DataLoaderIterDataFetcher`` wraps), ``CombinedLoader._state_dicts`` and ``limits``,
-``_AutomaticOptimization._make_closure`` and ``_optimizer_step``, ``LightningModule._on_before_batch_transfer``,
-``trainer._logger_connector`` and ``trainer.call``'s hook dispatch. Lightning's guard in ``LightningModule.log``
+Its use of Lightning 2.6's private API (imports, overrides, attributes) is read from the source by
+``python -m prototypes.coupling`` and listed on the design page. Lightning's guard in ``LightningModule.log``
 (``batch_size=`` required when the training step takes ``dataloader_iter``) is met by an instance-level ``log`` on
 the module for the duration of fit.
 """

@@ -13,6 +13,7 @@ from typing import Any
 from rendering.benchmarks import bench_block, block_bench_notes, block_bench_other, block_bench_targets
 from rendering.conformance import (MATRIX_PAGE, block_clause_tests, block_designs, block_expected_failures,
                                    block_failures, block_matrix)
+from rendering.coupling import COUPLING_BLOCKS
 from rendering.defects import block_defects
 from rendering.markdown import once_per_page
 from rendering.plots import PLOT_STEM, block_plot_efficiency, draw_plot, plot_file, plot_hash, plot_points
@@ -44,6 +45,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "bench-notes": block_bench_notes,
     "plot-efficiency": block_plot_efficiency,
     "defects": block_defects,
+    **COUPLING_BLOCKS,
 }
 
 
