@@ -72,6 +72,7 @@ class Design:
         return replace(self, options={**self.options, **options})
 
 
+# [RFC 8] under DDP the ranks agree on the end of data
 def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     """Whether *every* rank can start another step call: the ranks' vote on the end of data.
 
@@ -173,6 +174,7 @@ def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]],
     return wrap
 
 
+# [RFC 4] every batch through the transfer path
 def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
                    pin: Callable[[Any], Any] | None = None) -> Any:
     """What Lightning's regular flavour does to a batch before the step (clause C4), through public API only.
@@ -203,6 +205,7 @@ def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
     return batch_to_device(batch)
 
 
+# [RFC 2] the iterator a step call receives
 class StepIterator(Iterator):
     """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
 
