@@ -206,7 +206,9 @@ def _is_conformance(path: Path) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     extra_dir = config.getoption("--expected-failures")
     if extra_dir and not Path(extra_dir).is_dir():
-        raise pytest.UsageError(f"--expected-failures {extra_dir}: no such directory; name the one that holds <design>.txt")
+        raise pytest.UsageError(
+            f"--expected-failures {extra_dir}: no such directory; name the one that holds <design>.txt"
+        )
     state = _State(designs=select_designs(config.getoption("--impl")), extra_dir=extra_dir)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-outcomes")
