@@ -1,6 +1,8 @@
-"""What the designs genuinely share: the registry entry type and the test for the flavour.
+"""What every design shares, through Lightning's public API only: the registry entry type, the test for the flavour,
+the iterator a step call receives, the batch-transfer path, the DDP vote and the misuse checks with their messages.
 
-Designs import this module and nothing else from ``prototypes``; they never import each other.
+Designs import this module and, if they change Lightning's loops, ``prototypes.lightning_changes``; they never
+import each other.
 """
 
 from __future__ import annotations
