@@ -8,6 +8,8 @@
   (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 and S6 (for example
   ``-k S1``) writes ``.benchmarks/benchmarks-<kind>.partial.json`` instead, so it never clobbers a full result;
   ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
+- Every registered design is measured, and so is each design from outside this repository that ``--impl`` names
+  (``--impl package.module:ATTR`` or an installed entry point; see the conformance plugin).
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ import pytest
 import torch
 
 from benchmarks import results, workloads
+from prototypes import IMPLEMENTATIONS, Design
+from tests.conformance.plugin import select_designs
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the outside designs ``--impl`` names for this session, before the scenarios read the registry."""
+    outside: dict[str, Design] = {}
+    for design in select_designs(config.getoption("--impl")):
+        if design.name not in IMPLEMENTATIONS:
+            outside.setdefault(design.name, design)
+    IMPLEMENTATIONS.update(outside)
+    config.add_cleanup(lambda: [IMPLEMENTATIONS.pop(name) for name in outside])
 
 
 def measuring(config: pytest.Config) -> bool:

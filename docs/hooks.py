@@ -2,6 +2,8 @@
 
 * The ``RFC > Designs`` nav section lists every ``rfc/designs/*.md`` (designs in registry order first, then any
   other page alphabetically), so a new design page appears without editing ``mkdocs.yml``.
+* A nav entry may name a section of a page (``Comparison: rfc/index.md#comparison``); mkdocs only links whole
+  pages from the nav, so the entry becomes a link to that page's URL plus the anchor.
 * ``docs/api.md`` gets one mkdocstrings block (``::: prototypes.<name>``) per module registered in
   ``prototypes._DESIGN_MODULES``, read from ``prototypes/__init__.py`` without importing torch or Lightning.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "prototypes" / "__init__.py"
 DESIGN_PAGES = ROOT / "rfc" / "designs"
 API_PLACEHOLDER = "<!-- API: design modules -->"
+SECTION_ENTRY_RE = re.compile(r"^(?P<page>[^:#]+\.md)#(?P<anchor>[\w-]+)$")
 
 log = logging.getLogger("mkdocs.hooks.designs")
 
@@ -59,10 +63,42 @@ def _fill_designs(nav: list[Any]) -> bool:
     return False
 
 
+def _mark_section_entries(nav: list[Any], found: dict[str, re.Match[str]]) -> None:
+    """Turn ``page.md#anchor`` entries into ``/page.md#anchor``: mkdocs leaves an absolute path alone (a page path
+    with an anchor would be a "not found" warning), and ``on_nav`` makes it the page's URL."""
+    for entry in nav:
+        for title, value in (entry.items() if isinstance(entry, dict) else []):
+            if isinstance(value, list):
+                _mark_section_entries(value, found)
+            elif isinstance(value, str) and (m := SECTION_ENTRY_RE.match(value)):
+                entry[title] = "/" + value
+                found["/" + value] = m
+
+
 def on_config(config, **kwargs):
     if config.nav and not _fill_designs(config.nav):
         log.warning("mkdocs.yml nav has no empty 'Designs: []' section for docs/hooks.py to fill")
+    config["section_entries"] = {}
+    if config.nav:
+        _mark_section_entries(config.nav, config["section_entries"])
     return config
+
+
+def on_nav(nav, config, files, **kwargs):
+    def visit(items):
+        for item in items:
+            if item.is_section:
+                visit(item.children)
+            elif item.is_link and item.url in config["section_entries"]:
+                m = config["section_entries"][item.url]
+                page = files.get_file_from_path(m["page"])
+                if page is None:
+                    log.warning("mkdocs.yml nav names a section of %s, which is not a page of the site", m["page"])
+                    continue
+                item.url = f"{page.url}#{m['anchor']}"
+
+    visit(nav.items)
+    return nav
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
@@ -73,8 +109,9 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
         return markdown
     blocks = []
     for module in registered_modules():
-        if not (ROOT / (module.replace(".", "/") + ".py")).is_file():
-            log.warning("registered design module %s has no file", module)
+        path = ROOT / module.replace(".", "/")
+        if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
+            log.warning("registered design module %s has no file (neither %s.py nor a package)", module, path.name)
             continue
         blocks.append(f"::: {module}\n    options:\n      heading_level: 3\n")
     return markdown.replace(API_PLACEHOLDER, "\n".join(blocks))

@@ -29,11 +29,11 @@ How it works. A callback cannot reach the training dataloader before Lightning i
 cannot substitute a loader of its own. Instead it keeps Lightning's own ``dataloader_iter`` flavour, which Lightning
 selects because the step declares that parameter, and at ``setup`` shadows each of the user's steps that takes
 ``dataloader_iter`` (``training_step``, ``validation_step``, ``test_step``, ``predict_step``) on the module instance
-with a wrapper of the same signature. Each call, the wrapper hands the user's step a fresh :class:`StepIterator`
+with a wrapper of the same signature. Each call, the wrapper hands the user's step a fresh :class:`FeedStepIterator`
 over Lightning's iterator that
 
 - applies ``precision_plugin.convert_input`` and the module's ``on_before_batch_transfer`` /
-  ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (through ``strategy.batch_to_device``), as the regular
+  ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (``prototypes.common.transfer_batch``), as the regular
   flavour does;
 - numbers batches itself (``batch_idx`` from 0 per epoch and per dataloader; the training count is callback state,
   so it survives a resume);
@@ -73,13 +73,14 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from prototypes.common import (
     DATALOADER_ITER,
-    ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
     NoProgressGuard,
+    StepIterator,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+    transfer_batch,
 )
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), what ``next(dataloader_iter)`` returns
@@ -193,7 +194,7 @@ class BatchFeed:
                 raise
         batch, _, dataloader_idx = item
         batch_idx, self.consumed = self.consumed, self.consumed + 1
-        return self._to_device(batch, dataloader_idx), batch_idx, dataloader_idx
+        return transfer_batch(self._trainer, batch, dataloader_idx), batch_idx, dataloader_idx
 
     def drain(self) -> int:
         """Read and drop what remains of Lightning's iterator, so Lightning ends the epoch after this step call
@@ -214,39 +215,18 @@ class BatchFeed:
         except StopIteration:
             self._exhausted = True
 
-    def _to_device(self, batch: Any, dataloader_idx: int) -> Any:
-        # The regular flavour's sequence (training_epoch_loop.advance), through each object's public method, profiled
-        # under the action names Lightning gives the two calls it makes itself (the strategy's call profiles the rest)
-        trainer, module = self._trainer, self._module
-        batch = trainer.precision_plugin.convert_input(batch)
-        with trainer.profiler.profile(f"[LightningModule]{type(module).__name__}.on_before_batch_transfer"):
-            batch = module.on_before_batch_transfer(batch, dataloader_idx)
-        with trainer.profiler.profile(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device"):
-            return trainer.strategy.batch_to_device(batch, dataloader_idx=dataloader_idx)
-
-
-class StepIterator(Iterator[Item]):
-    """What one step call receives as ``dataloader_iter``; closed when that call returns."""
+class FeedStepIterator(StepIterator):
+    """What one step call receives as ``dataloader_iter``: the feed's batches; closed when that call returns."""
 
     def __init__(self, feed: BatchFeed, hook_name: str) -> None:
-        self._feed: BatchFeed | None = feed
-        self._hook_name = hook_name
+        super().__init__(hook_name)
+        self._feed = feed
 
-    def __next__(self) -> Item:
-        return self._open_feed().next()
+    def _take(self) -> Item:
+        return self._feed.next()
 
-    @property
-    def done(self) -> bool:
-        """True once the last batch of the epoch (of the dataloader, in evaluation) has been handed out."""
-        return not self._open_feed().has_next()
-
-    def close(self) -> None:
-        self._feed = None
-
-    def _open_feed(self) -> BatchFeed:
-        if self._feed is None:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._hook_name))
-        return self._feed
+    def _has_next(self) -> bool:
+        return self._feed.has_next()
 
 
 class DataloaderIterCallback(Callback):
@@ -357,7 +337,7 @@ class DataloaderIterCallback(Callback):
             if not has_batch:  # Lightning could not tell the data was over: end the run, the step not entered
                 raise StopIteration
             consumed_before = feed.consumed
-            step_iter = StepIterator(feed, name)
+            step_iter = FeedStepIterator(feed, name)
             try:
                 output = user_step(step_iter)
             except StopIteration as stop:

@@ -1,16 +1,21 @@
-"""What the designs genuinely share: the registry entry type and the test for the flavour.
+"""What every design shares, through Lightning's public API only: the registry entry type, the test for the flavour,
+the iterator a step call receives, the batch-transfer path, the DDP vote and the misuse checks with their messages.
 
-Designs import this module and nothing else from ``prototypes``; they never import each other.
+Designs import this module and, if they change Lightning's loops, ``prototypes.lightning_changes``; they never
+import each other.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.profilers import PassThroughProfiler
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
 DATALOADER_ITER = "dataloader_iter"
 
@@ -69,6 +74,7 @@ class Design:
         return replace(self, options={**self.options, **options})
 
 
+# [RFC 8] under DDP the ranks agree on the end of data
 def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     """Whether *every* rank can start another step call: the ranks' vote on the end of data.
 
@@ -150,3 +156,93 @@ STOP_ITERATION_WITH_BATCHES_LEFT = (
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
     " iterators inside {step}."
 )
+
+
+def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records the
+    hooks it calls itself."""
+
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        if isinstance(trainer.profiler, PassThroughProfiler):
+            return function
+
+        @functools.wraps(function)
+        def call(*args: Any) -> Any:
+            with trainer.profiler.profile(action):
+                return function(*args)
+
+        return call
+
+    return wrap
+
+
+# [RFC 4] every batch through the transfer path
+def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
+                   pin: Callable[[Any], Any] | None = None) -> Any:
+    """What Lightning's regular flavour does to a batch before the step (clause C4), through public API only.
+
+    The precision plugin's ``convert_input``, then ``on_before_batch_transfer``, ``transfer_batch_to_device`` and
+    ``on_after_batch_transfer`` (the datamodule's where it overrides them, as Lightning picks them), each recorded
+    under the action name Lightning's own dispatch gives it. ``pin`` runs between the first hook and the copy.
+    Why not Lightning's dispatch (``trainer._call_lightning_module_hook``): it sets ``module._current_fx_name``, which
+    ``self.log`` on the main thread reads, so it cannot run on a prefetch thread; one path serves every design.
+    """
+
+    def hook(name: str) -> Callable[..., Any]:
+        datamodule = trainer.datamodule
+        owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else trainer.lightning_module
+        kind = "LightningModule" if owner is trainer.lightning_module else "LightningDataModule"
+        return profiled(trainer, f"[{kind}]{type(owner).__name__}.{name}")(getattr(owner, name))
+
+    batch = trainer.precision_plugin.convert_input(batch)
+    batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
+    if pin is not None:
+        batch = pin(batch)
+
+    @profiled(trainer, f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device")
+    def batch_to_device(batch: Any) -> Any:
+        batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
+        return hook("on_after_batch_transfer")(batch, dataloader_idx)
+
+    return batch_to_device(batch)
+
+
+# [RFC 2] the iterator a step call receives
+class StepIterator(Iterator):
+    """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
+
+    A design's subclass hands out the next ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when
+    none remains) and says in ``_has_next`` whether one remains. ``done`` is exact (C5); ``saw_end`` records that
+    the step asked past the end, so it knows the data ended (C17). Once the loop closes the iterator, ``next()``
+    raises an error naming the fix: a batch taken then would belong to no step call.
+    """
+
+    def __init__(self, step: str) -> None:
+        self._step = step
+        self._closed = False
+        self.saw_end = False
+
+    def _take(self) -> tuple[Any, int, int]:
+        raise NotImplementedError
+
+    def _has_next(self) -> bool:
+        raise NotImplementedError
+
+    def __next__(self) -> tuple[Any, int, int]:
+        if self._closed:
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+        try:
+            return self._take()
+        except StopIteration:
+            self.saw_end = True
+            raise
+
+    @property
+    def done(self) -> bool:
+        """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
+        if self._closed:
+            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+        return not self._has_next()
+
+    def close(self) -> None:
+        self._closed = True

@@ -9,6 +9,7 @@ private loop API; ``prototypes.common`` holds what needs only the public API.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 from collections.abc import Callable
@@ -71,6 +72,38 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         progress = self.batch_progress
         counted = (progress.total if self.trainer.check_val_every_n_epoch is None else progress.current).completed
         return counted // interval > (counted - self._consumed_by_last_call()) // interval
+
+    # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
+    def _run_drain_call(self) -> bool:
+        """Run the step once with an exhausted ``dataloader_iter``; whether it ended the draining (it saw the end)."""
+        raise NotImplementedError
+
+    def _draining(self) -> contextlib.AbstractContextManager:
+        """What the design keeps while it drains (the window rule of C17, the last call's batch count)."""
+        raise NotImplementedError
+
+    def _drain_if_the_data_ended(self, last_call_saw_end: bool) -> None:
+        # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
+        # step still holds belong to this epoch's training (C17)
+        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
+        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_saw_end):
+            self._drain_held_batches()
+
+    def _drain_held_batches(self) -> None:
+        with self._draining():
+            drain(self.trainer, self._drain_call)
+
+    def _drain_call(self) -> bool:
+        """One drain call: no batch, so no batch hooks; logging, optimisation and schedulers as for any step call."""
+        trainer = self.trainer
+        steps_before = trainer.global_step
+        trainer._logger_connector.on_batch_start(None)
+        saw_end = self._run_drain_call()
+        trainer._logger_connector.on_batch_end()
+        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
+            self.update_lr_schedulers("step", update_plateau_schedulers=False)
+        trainer._logger_connector.update_train_step_metrics()
+        return saw_end
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
     def _accumulated_batches_reached(self) -> bool:
@@ -225,7 +258,6 @@ class ManualOptimizationSeesStopIteration(_ManualOptimization):
 # ----------------------------------------------------------------------- installing a design's loops
 def install_loops(
     trainer: pl.Trainer,
-    *,
     fit_loop: type[_FitLoop],
     epoch_loop: type[_TrainingEpochLoop],
     evaluation_loop: type,

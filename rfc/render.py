@@ -6,8 +6,8 @@
 
 What it writes:
 
-* ``rfc/generated/matrix.md``: the conformance matrix (design x clause: passed / expected-fail / fail
-  counts), every expected failure grouped by its reason, and every unexpected outcome.
+* ``rfc/generated/matrix.md``: the conformance matrix (design x clause: passed, or a count linked to the
+  reasons), every expected failure grouped by clause and reason, and every unexpected outcome.
 * ``rfc/generated/benchmarks.md``: per machine kind (one ``benchmarks-<kind>.json`` each) the targets and the
   tables of scenarios S1-S5 (and any other scenario the file holds), the run notes, plus a plot of efficiency against L/C per design
   (``rfc/generated/efficiency-vs-ratio-<kind>.png``).
@@ -19,7 +19,8 @@ What it writes:
 
   Block names: see ``BLOCKS`` in ``rendering/pages.py`` (``python rfc/render.py --list-blocks``).
 
-Every table opens with its setup line (machine, versions, commit) taken from the JSON it renders. Missing result
+Every block renders the setup line (machine, versions, commit) of the JSON it reads; a page shows each setup line
+and each run warning once, where it first appears (``once_per_page`` in ``rendering/markdown.py``). Missing result
 files render a "no results yet: run <command>" note. PNG staleness is judged from a hash of the plot's input data
 recorded in the page (matplotlib's bytes are not stable across versions), so re-rendering unchanged data never
 rewrites a committed PNG.

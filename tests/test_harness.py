@@ -1,27 +1,34 @@
 """The conformance harness itself: it can fail, and its bookkeeping (selection, expected failures) is strict.
 
-Each test runs the real suite in-process with pytester against a design registered only for that test.
+Each test runs the real suite in-process with pytester against a design registered only for that test, or
+defined the way ``docs/adding-a-design.md`` says (in this repository, or in a package outside it).
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import json
+import re
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
 
+import prototypes
 from prototypes import IMPLEMENTATIONS
-from prototypes.batch_processor import IteratorTrainingEpochLoop
+from prototypes.batch_processor.training import IteratorTrainingEpochLoop
 from prototypes.common import Design
 from tests.conformance import plugin
 
 pytest_plugins = ["pytester"]
 
 SUITE = Path(plugin.__file__).parent
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "adding-a-design.md"
 
 
 class DropEveryThirdBatch:
@@ -192,3 +199,164 @@ def test_ctrl_c_cases_pass_when_pytest_starts_with_sigint_ignored():
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "3 passed" in run.stdout, run.stdout[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------ the guide's recipes
+def guide_files(language: str) -> dict[str, str]:
+    """The guide's ``language`` code blocks that start with ``# <path>``, by that path."""
+    blocks = re.findall(rf"```{language}\n(# (\S+)\n.*?)```", GUIDE.read_text(), re.S)
+    return {path: text for text, path in blocks}
+
+
+def registry_with(modules_assignment: str) -> dict:
+    """``prototypes/__init__.py`` executed with its ``_DESIGN_MODULES = ...`` replaced: the registry as edited."""
+    source = ast.parse(Path(prototypes.__file__).read_text())
+    replacement = ast.parse(modules_assignment).body
+    targets = [i for i, node in enumerate(source.body)
+               if isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["_DESIGN_MODULES"]]
+    assert len(targets) == 1 and len(replacement) == 1, "the registry no longer assigns _DESIGN_MODULES once"
+    source.body[targets[0]] = replacement[0]
+    namespace = {"__name__": "prototypes"}
+    exec(compile(source, prototypes.__file__, "exec"), namespace)
+    return namespace["IMPLEMENTATIONS"]
+
+
+@pytest.fixture
+def in_repository_design(tmp_path, monkeypatch):
+    """The guide's ``prototypes/my_design.py`` (written under a scratch directory on the package's path) and the
+    guide's registry line: the registry the guide's steps 1 and 2 produce, installed for this test."""
+    files = guide_files("python")
+    (tmp_path / "prototypes").mkdir()
+    (tmp_path / "prototypes" / "my_design.py").write_text(files["prototypes/my_design.py"])
+    monkeypatch.setattr(prototypes, "__path__", [*prototypes.__path__, str(tmp_path / "prototypes")])
+    try:
+        registry = registry_with(files["prototypes/__init__.py"])
+        monkeypatch.setattr(prototypes, "IMPLEMENTATIONS", registry)
+        yield registry["my_design"]
+    finally:
+        sys.modules.pop("prototypes.my_design", None)
+
+
+def _variants(results: Path) -> dict[str, set[str]]:
+    """``{variant: outcomes}`` of a results file."""
+    by_variant: dict[str, set[str]] = {}
+    for result in json.loads(results.read_text())["results"]:
+        by_variant.setdefault(result["variant"], set()).add(result["outcome"])
+    return by_variant
+
+
+@pytest.mark.timeout(300)
+def test_the_guides_in_repository_design_is_registered_and_checked(pytester, in_repository_design, tmp_path):
+    results = tmp_path / "results.json"
+    outcome = run_suite(pytester, "--impl", "my_design", "--results", str(results), "-k", "test_batch_idx_restarts")
+    assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
+    design = in_repository_design
+    expected = {design.variant(**options).id for options in (design.options, *design.suite_variants)}
+    assert _variants(results) == {variant: {"passed"} for variant in expected}
+    outcome.stdout.fnmatch_lines([f"  my_design: {design.summary}"])
+
+
+OUTSIDE_MODULE = "mypkg/dataloader_iter_design.py"
+OUTSIDE = "mypkg.dataloader_iter_design:DESIGN"
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A directory on ``sys.path`` holding the guide's outside package ``mypkg``."""
+    site = tmp_path / "site"
+    (site / "mypkg").mkdir(parents=True)
+    (site / "mypkg" / "__init__.py").write_text("")
+    (site / OUTSIDE_MODULE).write_text(guide_files("python")[OUTSIDE_MODULE])
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def install_entry_points(site: Path, entry_points: dict[str, dict[str, str]]) -> None:
+    """What ``pip install`` leaves for ``importlib.metadata``: a ``*.dist-info`` with the package's entry points."""
+    info = site / "mypkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mypkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items())
+        for group, entries in entry_points.items()
+    ))
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def installed(site):
+    """``mypkg`` installed with the entry points of the guide's ``pyproject.toml``."""
+    pyproject = tomllib.loads(guide_files("toml")["pyproject.toml"])
+    install_entry_points(site, pyproject["project"]["entry-points"])
+    return site
+
+
+@pytest.mark.timeout(300)
+def test_a_design_outside_the_repository_runs_by_module_path(pytester, site, tmp_path):
+    assert f"--impl {OUTSIDE}" in GUIDE.read_text()
+    results = tmp_path / "results.json"
+    outcome = run_suite(pytester, "--impl", OUTSIDE, "--results", str(results), "-k", "test_batch_idx_restarts")
+    assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
+    outcome.stdout.fnmatch_lines(["*conformance matrix*", "  mine: stock Lightning, defined outside*", "mine *2/0/0"])
+    assert _variants(results) == {"mine": {"passed"}}
+    assert "mine" in json.loads(results.read_text())["designs"]
+
+
+@pytest.mark.timeout(300)
+def test_an_installed_design_runs_by_its_entry_point_name_and_only_when_named(pytester, installed, tmp_path):
+    results = tmp_path / "results.json"
+    outcome = run_suite(pytester, "--impl", "mine", "--results", str(results), "-k", "test_batch_idx_restarts")
+    assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
+    assert _variants(results) == {"mine": {"passed"}}
+    plain = run_suite(pytester, "-k", "test_batch_idx_restarts", "--collect-only", "-q")
+    assert "[upstream-sized]" in plain.stdout.str() and "mine" not in plain.stdout.str()
+
+
+@pytest.mark.timeout(300)
+def test_an_outside_designs_expected_failures_are_read_from_its_directory_and_strict(pytester, site, tmp_path):
+    own = tmp_path / "conformance"
+    own.mkdir()
+    (own / "mine.txt").write_text(
+        "reason: claimed broken\n    test_c02_items.py::test_batch_idx_restarts_from_zero_each_epoch[sized]\n"
+    )
+    outcome = run_suite(pytester, "--impl", OUTSIDE, "--expected-failures", str(own), "-k", "test_batch_idx_restarts")
+    outcome.assert_outcomes(passed=1, failed=1)
+    outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
+    (own / "mine.txt").write_text("reason: stale\n    test_c02_items.py::test_no_such_test[sized]\n")
+    stale = run_suite(pytester, "--impl", OUTSIDE, "--expected-failures", str(own), "--collect-only")
+    assert stale.ret == pytest.ExitCode.USAGE_ERROR
+    stale.stderr.fnmatch_lines([f"*{own / 'mine.txt'}:2: test_c02_items.py::test_no_such_test*"])
+
+
+IMPOSTOR = 'from prototypes.common import Design\nDESIGN = Design(name={name!r}, summary="x", make_trainer=None)\n'
+
+
+@pytest.mark.parametrize(
+    "impl, entry_points, error",
+    [
+        ("nomodule.design:DESIGN", {}, "*cannot import 'nomodule.design' (No module named 'nomodule'); install *"),
+        ("mypkg.dataloader_iter_design:NOPE", {}, "*has no attribute 'NOPE'; the Designs it defines: DESIGN"),
+        ("mypkg.dataloader_iter_design:pl", {}, "*module is not a prototypes.common.Design; point it at *"),
+        ("mypkg.upstream:DESIGN", {}, "*its name 'upstream' is taken by a design in this repository; *"),
+        (f"{OUTSIDE},mypkg.mine:DESIGN", {}, "*two different designs are named 'mine'; rename one"),
+        ("no_such_design", {"other": OUTSIDE}, "*unknown design 'no_such_design'; valid names: *other*upstream*"),
+        ("other", {"other": OUTSIDE}, "*the Design is named 'mine'; name the entry point after its Design"),
+        ("broken", {"broken": "mypkg.missing:DESIGN"}, "*--impl broken (entry point *cannot load it*"),
+        ("", {"upstream": "mypkg.upstream:DESIGN"}, "*take the names of designs in this repository (upstream = *"),
+    ],
+    ids=["unimportable", "missing-attribute", "not-a-design", "registered-name", "two-named-alike",
+         "unknown-lists-installed", "entry-point-misnamed", "entry-point-broken", "entry-point-clash"],
+)
+def test_a_bad_outside_design_is_an_error_naming_the_fix(pytester, site, impl, entry_points, error):
+    for name in ("upstream", "mine"):
+        (site / "mypkg" / f"{name}.py").write_text(IMPOSTOR.format(name=name))
+    install_entry_points(site, {plugin.ENTRY_POINT_GROUP: entry_points})
+    outcome = run_suite(pytester, *(["--impl", impl] if impl else []), "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines([error])
+
+
+def test_a_missing_expected_failures_directory_is_an_error(pytester, tmp_path):
+    outcome = run_suite(pytester, "--expected-failures", str(tmp_path / "nowhere"), "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines(["*--expected-failures *nowhere: no such directory; name the one that holds*"])

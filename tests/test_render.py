@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,28 +134,55 @@ def test_render_then_check_passes_and_hand_written_text_is_kept(rfc):
     assert again.returncode == 0 and "up to date" in again.stdout  # idempotent: nothing rewritten
 
 
-def test_matrix_lists_counts_and_every_expected_failure_with_its_reason(rfc):
+def test_matrix_marks_each_clause_and_links_every_expected_failure_to_its_reason(rfc):
     run(rfc)
     matrix = (rfc / "generated" / "matrix.md").read_text()
-    assert "| `alpha` | 1/1/0 | 2/0/0 | 2/0/0 | 5/1/0 |" in matrix
-    assert "alpha counts step calls, not batches" in matrix
+    assert ('| `alpha` | [✗1](matrix.md#xf-alpha-c1 "1 of 2 are expected failures: their reasons") | ✓ | ✓ | '
+            '[✗1](matrix.md#xf-alpha "1 of 6 are expected failures: their reasons") of 6 |') in matrix
+    # beta's two variants have the same outcomes: one row names both
+    assert "| `beta`<br><small>depth=0, depth=2</small> | ✓ | ✓ | ✓ | ✓ 6 |" in matrix
+    assert "### `alpha`: 1 expected failure, 1 reason {#xf-alpha}" in matrix
+    assert "#### C1 Selection (1 test) {#xf-alpha-c1}" in matrix
+    assert "- alpha counts step calls, not batches<br><small>`test_c1.py::test_0`</small>" in matrix
     assert "No failures, errors, unexpected passes or skips." in matrix
+    anchors = set(re.findall(r"\{#([\w-]+)\}", matrix))
+    assert set(re.findall(r"\(matrix\.md#([\w-]+) ", matrix)) <= anchors  # every cell's link lands on its reasons
 
 
-def test_expected_failures_sharing_a_reason_are_one_row(rfc):
+def test_matrix_headers_link_to_the_specifications_clauses(rfc):
+    (rfc / "specification.md").write_text("# Spec\n\n## C1 Selection\n\n## C3 Exactly once, in order\n")
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert '| Design | [C1](../specification.md#c1-selection "Selection") | <abbr title="Items">C2</abbr> | ' in matrix
+    assert '[C3](../specification.md#c3-exactly-once-in-order "Exactly once, in order")' in matrix
+
+
+def test_expected_failures_sharing_a_reason_are_one_item_per_clause(rfc):
     conf = conformance()
     reason = "beta drops the last batch"
     for result in conf["results"]:
         if result["design"] == "beta" and result["clause"] in ("C2", "C3"):
             result.update(outcome="xfailed", reason=reason)
+        if result["variant"] == "beta[depth=2]" and result["clause"] == "C1" and result["test_id"].endswith("0"):
+            result.update(outcome="xfailed", reason="only the deeper variant")
     write_results(rfc, conf, benchmarks())
     run(rfc)
     matrix = (rfc / "generated" / "matrix.md").read_text()
-    assert "**`beta`** (4 tests, 1 reason)" in matrix
-    row = next(line for line in matrix.splitlines() if reason in line)
-    assert row.startswith("| C2, C3 | beta drops the last batch | ")
-    assert row.count("(all)") == 4  # each test failed for both variants of beta
-    assert matrix.count(reason) == 1
+    assert "### `beta`: 5 expected failures, 2 reasons {#xf-beta}" in matrix
+    # each clause's cell links to its own list; a reason that spans clauses is given under each, with its tests there
+    assert matrix.count(reason) == 2
+    assert f"- {reason}<br><small>`test_c2.py::test_0` · `test_c2.py::test_1`</small>" in matrix
+    assert f"- {reason}<br><small>`test_c3.py::test_0` · `test_c3.py::test_1`</small>" in matrix
+    assert "- only the deeper variant<br><small>`test_c1.py::test_0` (in `beta[depth=2]`)</small>" in matrix
+
+
+def test_a_page_shows_each_setup_line_once(rfc):
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    page = (rfc / "page.md").read_text()
+    for text in (matrix, page):  # several blocks render from conformance.json; its setup line opens the first
+        assert text.count("*Setup (conformance.json):*") == 1
+    assert matrix.index("*Setup (conformance.json):*") < matrix.index("| Design |")
 
 
 def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rfc):
@@ -175,8 +203,11 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
     assert run(rfc).returncode == 0
     matrix = (rfc / "generated" / "matrix.md").read_text()
     assert matrix != before_matrix
-    assert "| `beta[depth=2]` | 2/0/0 | 2/0/0 | **1/0/1** | **5/0/1** |" in matrix
-    assert "| C3 | `test_c3.py::test_1` | failed |" in matrix
+    failed = '**[!1](matrix.md#failures-beta "1 of {} failed, errored or passed unexpectedly")**'
+    assert f"| `beta[depth=0]` | ✓ | ✓ | ✓ | ✓ 6 |" in matrix
+    assert f"| `beta[depth=2]` | ✓ | ✓ | {failed.format(2)} | {failed.format(6)} of 6 |" in matrix
+    assert "### `beta`: 1 {#failures-beta}" in matrix
+    assert "- **C3** `test_c3.py::test_1` (in `beta[depth=2]`): failed" in matrix
     bench = (rfc / "generated" / "benchmarks.md").read_text()
     assert bench != before_bench and "| `beta` | 1.00 | 15.0 | 0.50 | S1 **missed** |" in bench
     assert (rfc / "page.md").read_text() != before_page
@@ -187,7 +218,7 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
 def test_check_catches_a_hand_edited_table_and_a_missing_plot(rfc):
     run(rfc)
     page = rfc / "page.md"
-    page.write_text(page.read_text().replace("5/1/0", "6/0/0"))
+    page.write_text(page.read_text().replace("[✗1]", "[✗2]"))
     check = run(rfc, "--check")
     assert check.returncode == 1 and "page.md: differs" in check.stderr
     run(rfc)

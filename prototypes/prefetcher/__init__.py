@@ -55,14 +55,8 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, trans
                          f" per epoch), got {depth!r}")
     trainer, options = pl.Trainer(**trainer_kwargs), _Options(depth, transfer_ahead)
     options.serialise_profiler_calls(trainer.profiler)
-    return install_loops(
-        trainer,
-        fit_loop=_PrefetchingFitLoop,
-        epoch_loop=_PrefetchingEpochLoop,
-        evaluation_loop=_PrefetchingEvaluationLoop,
-        prediction_loop=_PrefetchingPredictionLoop,
-        options=options,
-    )
+    loops = _PrefetchingFitLoop, _PrefetchingEpochLoop, _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
+    return install_loops(trainer, *loops, options=options)
 
 
 DESIGN = Design(

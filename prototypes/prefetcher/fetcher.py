@@ -5,10 +5,8 @@ to one step call at a time, counting what the step consumed."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.data import sized_len
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -16,14 +14,13 @@ from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFe
 from pytorch_lightning.utilities.data import extract_batch_size
 
 from prototypes.common import (
-    ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
+    StepIterator,
     every_rank_has_a_batch,
+    transfer_batch,
 )
-from prototypes.lightning_changes import (
-    loader_states,
-)
+from prototypes.lightning_changes import loader_states
 from prototypes.prefetcher.queue import Prefetcher
 
 if TYPE_CHECKING:  # the loops import this module
@@ -46,31 +43,19 @@ class _LoaderExhausted(StopIteration):
         self.loader_states = loader_states
 
 
-class _StepIterator(Iterator):
-    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader; closed once the call is over."""
+class _StepIterator(StepIterator):
+    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader, consumed from the fetcher."""
 
     def __init__(self, fetcher: _PrefetchingIterFetcher, dataloader_idx: int) -> None:
+        super().__init__(fetcher.hook_name)
         self._fetcher = fetcher
         self.dataloader_idx = dataloader_idx
-        self._open = True
-        self.saw_end = False  # next() was called with no batch left: the step knows the data ended
 
-    def __next__(self) -> tuple[Any, int, int]:
-        if not self._open:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._fetcher.hook_name))
-        try:
-            return self._fetcher.consume(self.dataloader_idx)
-        except StopIteration:
-            self.saw_end = True
-            raise
+    def _take(self) -> tuple[Any, int, int]:
+        return self._fetcher.consume(self.dataloader_idx)
 
-    @property
-    def done(self) -> bool:
-        """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
-        return self._fetcher.done_for(self.dataloader_idx)
-
-    def close(self) -> None:
-        self._open = False
+    def _has_next(self) -> bool:
+        return not self._fetcher.done_for(self.dataloader_idx)
 
 
 class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
@@ -276,32 +261,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return _Produced(batch, batch_idx, dataloader_idx, states, ready)
 
     def _transfer(self, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
-        """What Lightning's regular flavour does to a batch before the step, calling the hooks directly.
+        """The regular flavour's transfer path, possibly on the prefetch thread: the user's hooks must be thread-safe.
 
-        Why not ``trainer._call_lightning_module_hook``: it sets ``module._current_fx_name``, which the main thread's
-        ``self.log`` reads. The user's hooks must be thread-safe. They are profiled under the regular flavour's
-        action names (:meth:`_Options.profiled`), on the thread that runs them.
+        Why pin: a copy from pageable memory is synchronous even with ``non_blocking=True`` (apex #304).
         """
-        trainer = self.trainer
-        selector = trainer._data_connector._datahook_selector
-        profiled = functools.partial(self.options.profiled, trainer)
-
-        def hook(name: str) -> Callable[..., Any]:
-            instance = selector.get_instance(name)
-            kind = "LightningModule" if isinstance(instance, pl.LightningModule) else "LightningDataModule"
-            return profiled(f"[{kind}]{type(instance).__name__}.{name}")(getattr(instance, name))
-
-        batch = trainer.precision_plugin.convert_input(batch)
-        batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
-        if pin:  # Why: a copy from pageable memory is synchronous even with non_blocking=True (apex #304)
-            batch = apply_to_collection(batch, torch.Tensor, _pinned)
-
-        @profiled(f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device")
-        def batch_to_device(batch: Any) -> Any:
-            batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
-            return hook("on_after_batch_transfer")(batch, dataloader_idx)
-
-        return batch_to_device(batch)
+        pinning = functools.partial(apply_to_collection, dtype=torch.Tensor, function=_pinned) if pin else None
+        return transfer_batch(self.trainer, batch, dataloader_idx, pin=pinning)
 
     def _limited(self) -> bool:
         """Whether a ``limit_*_batches`` cuts any loader short of its length."""

@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,18 +21,12 @@ from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 
-from prototypes.common import (
-    every_rank_has_a_batch,
-    refuse_mixed_step_signature,
-    takes_dataloader_iter,
-)
+from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
     ManualOptimizationSeesStopIteration,
     StockProfilerActions,
-    drain,
-    epoch_stopped_early,
     supply_log_batch_size,
 )
 from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
@@ -172,34 +167,25 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         fetcher = self._prefetching(data_fetcher)
         if fetcher is None:
             return
-        # Why here, before the epoch-end validation of `on_advance_end`: batches a pipelining step still holds
-        # belong to this epoch's training (C17)
-        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
-        if every_rank_has_a_batch(self.trainer, data_ended and not fetcher.step_saw_end):
-            self._drain_held_batches(fetcher)
+        self._drain_if_the_data_ended(fetcher.step_saw_end)
 
-    def _drain_held_batches(self, fetcher: _PrefetchingIterFetcher) -> None:
+    @contextlib.contextmanager
+    def _draining(self) -> Iterator[None]:
+        fetcher = self._prefetching()
         fetcher.draining = True
         try:
-            drain(self.trainer, functools.partial(self._drain_call, fetcher))
+            yield
         finally:
             fetcher.draining = False
 
-    def _drain_call(self, fetcher: _PrefetchingIterFetcher) -> bool:
-        """One drain call: no batch, so no batch hooks; logging and optimisation as for any step call."""
-        trainer = self.trainer
+    def _run_drain_call(self) -> bool:
+        trainer, fetcher = self.trainer, self._prefetching()
         kwargs = OrderedDict(any=fetcher.start_step_call())
-        steps_before = trainer.global_step
-        trainer._logger_connector.on_batch_start(None)
         with trainer.profiler.profile("run_training_batch"):
             if trainer.lightning_module.automatic_optimization:
                 self.automatic_optimization.run(trainer.optimizers[0], fetcher._batch_idx, kwargs)
             else:
                 self.manual_optimization.run(kwargs)
-        trainer._logger_connector.on_batch_end()
-        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
-            self.update_lr_schedulers("step", update_plateau_schedulers=False)
-        trainer._logger_connector.update_train_step_metrics()
         return fetcher.step_saw_end
 
 
@@ -218,24 +204,6 @@ class _Options:
     copy_stream: Any = None
     transfer_actions_lock: threading.RLock = field(default_factory=threading.RLock)
     profiler_calls_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @staticmethod
-    def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records
-        the hooks it calls itself."""
-
-        def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-            if isinstance(trainer.profiler, PassThroughProfiler):
-                return function
-
-            @functools.wraps(function)
-            def call(*args: Any) -> Any:
-                with trainer.profiler.profile(action):
-                    return function(*args)
-
-            return call
-
-        return wrap
 
     def serialise_profiler_calls(self, profiler: Profiler) -> None:
         """Makes the profiler safe for the prefetch threads and the main thread at once, on this instance.

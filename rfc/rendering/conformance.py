@@ -7,8 +7,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from rendering.markdown import cell, code, no_results, setup_line, table
+from rendering.markdown import cell, code, no_results, relative_link, setup_line, slugify, table
 from rendering.results import CONFORMANCE_COMMAND, FAIL, OUTCOME_KIND, PASS, SKIP, XFAIL, Inputs
+
+MATRIX_PAGE = "matrix.md"  # the generated page (in the output directory) that holds the matrix and the reasons
 
 
 def clause_key(clause: str) -> tuple[int, str]:
@@ -38,44 +40,94 @@ def variant_sort_key(variant: str) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", variant)]
 
 
+def clause_anchors(specification: Path) -> dict[str, str]:
+    """``{clause: anchor}`` of the specification's ``## C<n> Title`` headings; empty when there is no such page."""
+    if not specification.is_file():
+        return {}
+    headings = re.finditer(r"^## ((C\d+)\b.*?)\s*$", specification.read_text(encoding="utf-8"), re.MULTILINE)
+    return {m.group(2): slugify(m.group(1)) for m in headings}
+
+
+def reasons_anchor(design: str, clause: str | None = None) -> str:
+    """The anchor of a design's expected failures (of one clause) on the matrix page."""
+    return "xf-" + slugify(design if clause is None else f"{design} {clause}")
+
+
+def failures_anchor(design: str) -> str:
+    return "failures-" + slugify(design)
+
+
+def _row_groups(variants: list[str], design_of: dict[str, str], counts) -> list[tuple[str, list[str]]]:
+    """(design, its consecutive variants with identical counts): one matrix row each."""
+    groups: list[tuple[str, list[str]]] = []
+    for v in variants:
+        if groups and groups[-1][0] == design_of[v] and counts[groups[-1][1][0]] == counts[v]:
+            groups[-1][1].append(v)
+        else:
+            groups.append((design_of[v], [v]))
+    return groups
+
+
+def _row_label(design: str, variants: list[str]) -> str:
+    if len(variants) == 1:
+        return code(variants[0])
+    options = [v[len(design) + 1:-1] if v.startswith(design + "[") and v.endswith("]") else v for v in variants]
+    return f"{code(design)}<br><small>{cell(', '.join(options))}</small>"
+
+
+def _matrix_cell(k: Counter, reasons: str, failures: str) -> str:
+    ran = k[PASS] + k[XFAIL] + k[FAIL] + k[SKIP]
+    if not ran:
+        return "–"
+    parts = [] if k[FAIL] or k[XFAIL] else ["✓"]
+    if k[FAIL]:
+        parts.append(f'**[!{k[FAIL]}]({failures} "{k[FAIL]} of {ran} failed, errored or passed unexpectedly")**')
+    if k[XFAIL]:
+        parts.append(f'[✗{k[XFAIL]}]({reasons} "{k[XFAIL]} of {ran} are expected failures: their reasons")')
+    if k[SKIP]:
+        parts.append(f'[s{k[SKIP]}]({failures} "{k[SKIP]} of {ran} skipped")')
+    return " ".join(parts)
+
+
 def block_matrix(inputs: Inputs, page_dir: Path) -> str:
-    """The conformance matrix: design variant x clause, passed/expected-fail/fail counts."""
+    """The conformance matrix: design x clause, each cell passed or linked to the reasons its tests fail."""
     data = inputs.conformance
     if data is None:
         return no_results("conformance results", CONFORMANCE_COMMAND)
     clauses, ordered, counts, design_of, variants = conformance_parts(data)
     if not variants:
         return setup_line(data["setup"], "conformance.json") + "\n\nThe results file holds no test outcomes."
-    any_skip = any(c[SKIP] for v in counts.values() for c in v.values())
-    headers = ["Design variant"] + [f'<abbr title="{cell(clauses[c])}">{c}</abbr>' for c in ordered] + ["Total"]
-    if any_skip:
-        headers.append("Skipped")
+    specification = inputs.rfc_dir / "specification.md"
+    anchors = clause_anchors(specification)
+    spec_link = relative_link(specification, page_dir)
+    matrix_link = relative_link(inputs.out_dir / MATRIX_PAGE, page_dir)
+
+    def header(c: str) -> str:
+        title = cell(clauses[c]).replace('"', "&quot;")
+        return f'[{c}]({spec_link}#{anchors[c]} "{title}")' if c in anchors else f'<abbr title="{title}">{c}</abbr>'
+
+    headers = ["Design"] + [header(c) for c in ordered] + ["All"]
     rows = []
-    for v in variants:
-        row = [code(v)]
-        total = Counter()
+    for design, group in _row_groups(variants, design_of, counts):
+        failures = f"{matrix_link}#{failures_anchor(design)}"
+        row, total = [_row_label(design, group)], Counter()
         for c in ordered:
-            k = counts[v].get(c, Counter())
+            k = counts[group[0]].get(c, Counter())
             total.update(k)
-            row.append(_matrix_cell(k))
-        row.append(_matrix_cell(total))
-        if any_skip:
-            row.append(str(total[SKIP]))
+            row.append(_matrix_cell(k, f"{matrix_link}#{reasons_anchor(design, c)}", failures))
+        summary = _matrix_cell(total, f"{matrix_link}#{reasons_anchor(design)}", failures)
+        row.append(f"{summary} {sum(total.values())}" if summary == "✓" else f"{summary} of {sum(total.values())}")
         rows.append(row)
     legend = (
-        "Each cell: **passed/expected failures/failures** (failures include errors and unexpected passes; "
-        "a bold cell has failures; – means no test of that clause ran). Clauses: "
-        + "; ".join(f"{c} {clauses[c]}".strip() for c in ordered)
-        + "."
+        "✓: every test of the clause passed. ✗*n*: *n* tests are expected failures of the design; the link leads "
+        "to their reasons. **!*n***: *n* tests failed, errored or passed unexpectedly. s*n*: *n* skipped. –: no "
+        "test of the clause ran. *All*: every clause together, out of the tests the design ran. A row stands for "
+        "each variant it names (they have the same outcomes); a cell's tooltip gives its counts."
     )
-    return "\n\n".join([setup_line(data["setup"], "conformance.json"), table(headers, rows), legend])
-
-
-def _matrix_cell(k: Counter) -> str:
-    if not (k[PASS] or k[XFAIL] or k[FAIL]):
-        return "–"
-    text = f"{k[PASS]}/{k[XFAIL]}/{k[FAIL]}"
-    return f"**{text}**" if k[FAIL] else text
+    key = "Clauses: " + " · ".join(f"**{c}** {cell(clauses[c])}".strip() for c in ordered)
+    grid = table(headers, rows, ["---"] + [":---:"] * (len(ordered) + 1))
+    return "\n\n".join([setup_line(data["setup"], "conformance.json"),
+                         f'<div class="conformance-matrix" markdown>\n\n{grid}\n\n</div>', legend, key])
 
 
 def _outcome_groups(data: dict[str, Any], kinds: set[str]):
@@ -90,59 +142,82 @@ def _outcome_groups(data: dict[str, Any], kinds: set[str]):
     return groups
 
 
-def _variants_text(variants: list[str], all_variants: list[str]) -> str:
+def _only_in(variants: list[str], all_variants: list[str]) -> str:
+    """`` (in `a`, `b`)`` when a test's outcome holds for some of its design's variants, else nothing."""
     variants = sorted(set(variants), key=variant_sort_key)
-    if len(all_variants) > 1 and set(variants) == set(all_variants):
-        return "all"
-    return ", ".join(code(v) for v in variants)
+    if set(variants) == set(all_variants):
+        return ""
+    return " (in " + ", ".join(code(v) for v in variants) + ")"
+
+
+def _tests_line(tests: list[tuple[str, list[str]]], all_variants: list[str]) -> str:
+    """Test ids grouped by test function: ``file::test`` followed by each parametrization that applies."""
+    by_function: dict[str, list[str]] = defaultdict(list)
+    for test_id, vs in tests:
+        function, bracket, params = test_id.partition("[")
+        by_function[function].append((code(bracket + params) if bracket else "") + _only_in(vs, all_variants))
+    return " · ".join(" ".join([code(function), *(c.strip() for c in cases if c)])
+                      for function, cases in by_function.items())
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _per_design(inputs: Inputs, kinds: set[str], empty: str, render) -> str:
-    """One table per design of the results of the given kinds; ``render(groups, all_variants)`` makes it."""
+    """The results of the given kinds per design; ``render(design, groups, all_variants, clauses)`` makes each."""
     data = inputs.conformance
     if data is None:
         return no_results("conformance results", CONFORMANCE_COMMAND)
     groups = _outcome_groups(data, kinds)
     if not groups:
         return setup_line(data["setup"], "conformance.json") + "\n\n" + empty
-    _, _, _, design_of, variants = conformance_parts(data)
+    clauses, _, _, design_of, variants = conformance_parts(data)
     out = [setup_line(data["setup"], "conformance.json")]
     for design in dict.fromkeys(design_of[v] for v in variants):
         mine = {k: v for k, v in groups.items() if k[0] == design}
         if mine:
-            out.append(render(mine, [v for v in variants if design_of[v] == design]))
+            out.append(render(design, mine, [v for v in variants if design_of[v] == design], clauses))
     return "\n\n".join(out)
 
 
-def block_expected_failures(inputs: Inputs, page_dir: Path) -> str:
-    """Every expected failure, per design, grouped by reason: the clauses and tests (with variants) each covers."""
+def _by_clause(mine) -> dict[str, dict[str, list[tuple[str, list[str]]]]]:
+    """clause -> reason -> [(test id, variants)], clauses in contract order and tests in id order."""
+    grouped: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for (_, clause, test_id, _, reason), vs in sorted(mine.items(), key=lambda kv: (clause_key(kv[0][1]), kv[0][2])):
+        grouped[clause][reason].append((test_id, vs))
+    return grouped
 
-    def render(mine, all_variants: list[str]) -> str:
-        by_reason: dict[str, list] = defaultdict(list)
-        for key, vs in sorted(mine.items(), key=lambda kv: (clause_key(kv[0][1]), kv[0][2])):
-            by_reason[key[4]].append((key, vs))
-        rows = []
-        for reason, tests in by_reason.items():
-            clauses = ", ".join(dict.fromkeys(key[1] for key, _ in tests))
-            listed = "<br>".join(f"{code(key[2])} ({_variants_text(vs, all_variants)})" for key, vs in tests)
-            rows.append([clauses, cell(reason) or "–", listed])
-        design = next(iter(mine))[0]
-        reasons = f"{len(by_reason)} reason" + ("s" if len(by_reason) > 1 else "")
-        return (f"**{code(design)}** ({len(mine)} tests, {reasons})\n\n"
-                + table(["Clauses", "Reason", "Tests (variants)"], rows))
+
+def block_expected_failures(inputs: Inputs, page_dir: Path) -> str:
+    """Every expected failure, per design and clause, grouped by reason: each reason once, then the tests it covers."""
+
+    def render(design: str, mine, all_variants: list[str], clauses: dict[str, str]) -> str:
+        out = [f"### {code(design)}: {_count(len(mine), 'expected failure')}, "
+               f"{_count(len({key[4] for key in mine}), 'reason')} {{#{reasons_anchor(design)}}}"]
+        for clause, reasons in _by_clause(mine).items():
+            title = " ".join(filter(None, [clause, cell(clauses.get(clause, ""))]))
+            tests = _count(sum(len(tests) for tests in reasons.values()), "test")
+            out.append(f"#### {title} ({tests}) {{#{reasons_anchor(design, clause)}}}")
+            out.append("\n".join(f"- {cell(reason) or 'no reason given'}<br>"
+                                 f"<small>{_tests_line(tests, all_variants)}</small>"
+                                 for reason, tests in reasons.items()))
+        return "\n\n".join(out)
 
     return _per_design(inputs, {XFAIL}, "No expected failures.", render)
 
 
 def block_failures(inputs: Inputs, page_dir: Path) -> str:
-    """Every failure, error, unexpected pass and skip, per design."""
+    """Every failure, error, unexpected pass and skip, per design and clause."""
 
-    def render(mine, all_variants: list[str]) -> str:
-        rows = [[clause, code(test_id), outcome, _variants_text(vs, all_variants), cell(reason) or "–"]
-                for (_, clause, test_id, outcome, reason), vs in sorted(
-                    mine.items(), key=lambda kv: (clause_key(kv[0][1]), kv[0][2]))]
-        design = next(iter(mine))[0]
-        return f"**{code(design)}** ({len(mine)})\n\n" + table(["Clause", "Test", "Outcome", "Variants", "Reason"], rows)
+    def render(design: str, mine, all_variants: list[str], clauses: dict[str, str]) -> str:
+        items = [
+            f"- **{clause}** {code(test_id)}{_only_in(vs, all_variants)}: {outcome}"
+            + (f": {cell(reason)}" if reason else "")
+            for (_, clause, test_id, outcome, reason), vs in sorted(
+                mine.items(), key=lambda kv: (clause_key(kv[0][1]), kv[0][2]))
+        ]
+        return f"### {code(design)}: {len(mine)} {{#{failures_anchor(design)}}}\n\n" + "\n".join(items)
 
     return _per_design(inputs, {FAIL, SKIP}, "No failures, errors, unexpected passes or skips.", render)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,14 @@ def table(headers: list[str], rows: Iterable[list[str]], align: list[str] | None
     return "\n".join(lines)
 
 
+def slugify(heading: str) -> str:
+    """The anchor Python-Markdown's ``toc`` gives a heading: ``C3 Exactly once`` -> ``c3-exactly-once``."""
+    text = re.sub(r"[`*]", "", heading)
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
 def no_results(what: str, command: str) -> str:
     return f"> **No {what} yet:** run `{command}`, commit the JSON, then re-render with `python rfc/render.py`."
 
@@ -68,6 +77,14 @@ SETUP_LABELS = [
 SETUP_HIDDEN = {"git_commit", "git_dirty", "generated_at", "machine_kind"}
 
 
+# How the page notes begin: a results file's setup line and the warnings about its run (see ``once_per_page``).
+SETUP_START = "*Setup ("
+NOT_MEASURED_START = "> **Not a measurement:**"
+RUN_WARNS_START = "> **The run warns:**"
+RUN_FAILED_START = "> **The run did not pass:**"
+PAGE_NOTE_STARTS = (SETUP_START, NOT_MEASURED_START, RUN_WARNS_START, RUN_FAILED_START)
+
+
 def setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> str:
     """One line: machine, versions, commit, when; from a results file's ``setup``."""
     parts = []
@@ -85,9 +102,9 @@ def setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> s
         parts.append(f"run {setup['generated_at']}")
     if mode:
         parts.append(f"mode {code(mode)}")
-    line = f"*Setup ({source}):* " + "; ".join(parts) + "."
+    line = f"{SETUP_START}{source}):* " + "; ".join(parts) + "."
     if mode and mode != "measure":
-        line += (f"\n\n> **Not a measurement:** this file comes from a `{mode}` run, not a `measure` run; re-run "
+        line += (f"\n\n{NOT_MEASURED_START} this file comes from a `{mode}` run, not a `measure` run; re-run "
                  "the benchmarks in measure mode (see `benchmarks/README.md`) before reading figures from it.")
     return line
 
@@ -97,12 +114,33 @@ def bench_setup(data: dict[str, Any], kind: str) -> str:
     mode = notes.get("mode") if isinstance(notes.get("mode"), str) else None
     line = setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json", mode)
     if isinstance(notes.get("warning"), str) and notes["warning"].strip():
-        line += f"\n\n> **The run warns:** {cell(notes['warning'])}"
+        line += f"\n\n{RUN_WARNS_START} {cell(notes['warning'])}"
     status = notes.get("pytest_exitstatus")
     if isinstance(status, int) and not isinstance(status, bool) and status != 0:
-        line += (f"\n\n> **The run did not pass:** pytest exited with status {status}, so at least one of the "
+        line += (f"\n\n{RUN_FAILED_START} pytest exited with status {status}, so at least one of the "
                  "benchmarks' own assertions failed in that run.")
     return line
+
+
+def once_per_page(blocks: list[str]) -> list[str]:
+    """The blocks of one page, in page order, without page notes an earlier block already shows.
+
+    A page note is a paragraph made by ``setup_line`` or ``bench_setup`` (the setup line of a results file, or a
+    warning about its run). Each block renders its own notes so that it reads on its own; on a page the first
+    occurrence stays and later identical ones go, so a reader meets each setup line and each warning once.
+    """
+    seen: set[str] = set()
+    out = []
+    for block in blocks:
+        kept = []
+        for paragraph in block.split("\n\n"):
+            if paragraph.startswith(PAGE_NOTE_STARTS):
+                if paragraph in seen:
+                    continue
+                seen.add(paragraph)
+            kept.append(paragraph)
+        out.append("\n\n".join(kept))
+    return out
 
 
 def fmt_number(key: str, value: Any) -> str:

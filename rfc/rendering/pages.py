@@ -12,9 +12,11 @@ from typing import Any
 
 from rendering.benchmarks import (bench_block, block_bench_notes, block_bench_other, block_bench_setup,
                                  block_bench_targets)
-from rendering.conformance import (block_clause_tests, block_designs, block_expected_failures, block_failures,
-                                   block_matrix)
+from rendering.conformance import (MATRIX_PAGE, block_clause_tests, block_designs, block_expected_failures,
+                                   block_failures, block_matrix)
+from rendering.coupling import COUPLING_BLOCKS
 from rendering.defects import block_defects
+from rendering.markdown import once_per_page
 from rendering.plots import PLOTS, Plot, plot_block
 from rendering.results import Inputs, RenderError
 from rendering.standing import block_standing
@@ -50,6 +52,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "plot-overhead": plot_block("plot-overhead"),
     "plot-memory": plot_block("plot-memory"),
     "defects": block_defects,
+    **COUPLING_BLOCKS,
 }
 
 
@@ -66,10 +69,11 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
 
     def page(title: str, intro: str, sections: list[tuple[str | None, str]]) -> str:
         text = [f"# {title}", "", GENERATED_NOTE.format(cmd=inputs.command), "", intro.strip(), ""]
-        for heading, name in sections:
+        blocks = once_per_page([BLOCKS[name](inputs, out) for _, name in sections])
+        for (heading, name), block in zip(sections, blocks):
             if heading:
                 text += [f"## {heading}", ""]
-            text += [_wrap(name, BLOCKS[name](inputs, out), inputs.command), ""]
+            text += [_wrap(name, block, inputs.command), ""]
         return "\n".join(text).rstrip() + "\n"
 
     matrix = page(
@@ -110,7 +114,7 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         "raw-loop ideal and the rounds are in the collapsed block under it.",
         bench_sections,
     )
-    return {out / "matrix.md": matrix, out / "benchmarks.md": benchmarks}
+    return {out / MATRIX_PAGE: matrix, out / "benchmarks.md": benchmarks}
 
 
 def _hand_written_pages(inputs: Inputs) -> list[Path]:
@@ -124,19 +128,20 @@ def _hand_written_pages(inputs: Inputs) -> list[Path]:
 
 
 def fill_blocks(text: str, inputs: Inputs, page_dir: Path, path: Path) -> str:
-    """``text`` with the body of every generated block re-rendered; everything outside markers kept byte for byte."""
+    """``text`` with the body of every generated block re-rendered; everything outside markers kept byte for byte.
+
+    The blocks are rendered in page order and each setup line or run warning is kept only where it first appears.
+    """
     begins = [m.group(2) for m in ANY_MARKER_RE.finditer(text) if m.group(1) == "BEGIN"]
     matched = [m.group("name") for m in BLOCK_RE.finditer(text)]
     if len(ANY_MARKER_RE.findall(text)) != 2 * len(matched) or begins != matched:
         raise RenderError(f"{path}: unbalanced or nested GENERATED markers (every BEGIN needs its own END)")
 
-    def repl(m: re.Match[str]) -> str:
-        name = m.group("name")
+    for name in matched:
         if name not in BLOCKS:
             raise RenderError(f"{path}: unknown generated block {name!r}; known blocks: {', '.join(BLOCKS)}")
-        return _wrap(name, BLOCKS[name](inputs, page_dir), inputs.command)
-
-    return BLOCK_RE.sub(repl, text)
+    blocks = iter(once_per_page([BLOCKS[name](inputs, page_dir) for name in matched]))
+    return BLOCK_RE.sub(lambda m: _wrap(m.group("name"), next(blocks), inputs.command), text)
 
 
 @dataclass

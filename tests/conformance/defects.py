@@ -27,7 +27,8 @@ from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 
-import prototypes.batch_processor as batch_processor
+from prototypes.batch_processor import lookahead as bp_lookahead
+from prototypes.batch_processor import training as bp_training
 import prototypes.common as common
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
@@ -36,7 +37,7 @@ from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
 
 _Fetcher = prefetch_fetcher._PrefetchingIterFetcher
-_EpochLoop = batch_processor.IteratorTrainingEpochLoop
+_EpochLoop = bp_training.IteratorTrainingEpochLoop
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C04 + "test_every_batch_passes_each_transfer_hook_once",), SIZED),
     Defect("transfer_hooks_twice", "C4", "batch_processor",
            "transfers a batch when the hooks peek at it and again when it is handed out",
-           (batch_processor.LookAhead, "take"),
+           (bp_lookahead.LookAhead, "take"),
            _after(lambda self, item: (self._transfer(item[0], item[2]), item[1], item[2])),
            (C04 + "test_every_batch_passes_each_transfer_hook_once",), SIZED),
     Defect("precision_conversion_skipped", "C4", "prefetcher", "skips the precision plugin's input conversion",
@@ -415,7 +416,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C14 + "test_step_that_keeps_consuming_nothing_ends_with_an_error",), SIZED + " and never"),
     Defect("mixed_signature_accepted", "C14", "batch_processor",
            "accepts a step taking both a batch and `dataloader_iter`",
-           (batch_processor, "refuse_mixed_step_signature"), _instead(lambda step, hook_name: None),
+           (bp_training, "refuse_mixed_step_signature"), _instead(lambda step, hook_name: None),
            (C14 + "test_step_taking_a_batch_and_dataloader_iter_is_refused",)),
     Defect("foreign_stop_iteration_ends_the_epoch", "C14", "prefetcher",
            "ends the epoch on a StopIteration that did not come from `dataloader_iter`",
@@ -441,16 +442,16 @@ CATALOGUE: tuple[Defect, ...] = (
            (C17 + "test_pipelining_step_trains_every_batch_once_per_epoch",), "sized-w0"),
     Defect("no_drain_calls", "C17", "prefetcher",
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
-           (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self, fetcher: None),
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self: None),
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
     # C18 Lightning's own features
     Defect("lr_finder_counts_batches", "C18", "batch_processor",
            "lets the LR finder read `batch_idx` in batches, as stock Lightning's loop reports it",
-           (batch_processor.IteratorFitLoop, "batch_idx"), _instead(_FitLoop.batch_idx),
+           (bp_training.IteratorFitLoop, "batch_idx"), _instead(_FitLoop.batch_idx),
            (C18 + "test_lr_find_matches_the_regular_flavour",), "2-2"),
     Defect("transfer_hooks_unprofiled", "C18", "prefetcher",
            "runs the transfer hooks on its thread without recording them in the profiler",
-           (prefetch_loops._Options, "profiled"), _instead(staticmethod(lambda trainer, action: lambda function: function)),
+           (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
 )
 

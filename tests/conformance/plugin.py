@@ -3,16 +3,24 @@
 - ``--impl NAME[,NAME]`` selects designs (default: every registered design with each of its suite variants;
   ``--impl 'prefetcher[depth=4]'`` selects one variant). Conformance tests take a ``design`` argument and are
   parametrized over the selection.
+- A design defined outside this repository is selected by where it lives, ``--impl package.module:ATTR`` (variants
+  too: ``'package.module:ATTR[depth=4]'``), or by name when its package declares it in the ``dataloader_iter_designs``
+  entry-point group. Installed designs run only when ``--impl`` names them: the default run is this repository's
+  designs, whatever else is installed. A name taken by a registered design is an error.
 - Every conformance test carries ``@pytest.mark.clause("Cn")``; results aggregate per clause.
 - ``expected_failures/<design>.txt`` lists, per design, each reason followed by the test ids
-  (``<file>::<test>[<params>]``) it explains. Entries become strict xfails; an id that matches no collected test
+  (``<file>::<test>[<params>]``) it explains; ``--expected-failures DIR`` is searched first (where a design
+  outside this repository keeps its file). Entries become strict xfails; an id that matches no collected test
   is an error, and so is a listed test that passes.
 - At the end, a design x clause matrix of passed / expected-fail / failed; ``--results PATH`` writes JSON.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
+import operator
 import os
 import platform
 import re
@@ -23,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from benchmarks.provenance import provenance
+from prototypes.common import Design
 
 # Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
 # The `design` fixture is an immutable registry entry, so sharing it across examples is safe.
@@ -33,6 +42,7 @@ settings.load_profile("default")
 
 SUITE_DIR = Path(__file__).parent
 EXPECTED_FAILURES_DIR = SUITE_DIR / "expected_failures"
+ENTRY_POINT_GROUP = "dataloader_iter_designs"
 
 CLAUSES = {
     "C1": "Selection",
@@ -59,7 +69,14 @@ OUTCOMES = ("passed", "xfailed", "failed")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance")
-    group.addoption("--impl", default=None, help="designs to check: NAME[,NAME], e.g. upstream,'prefetcher[depth=4]'")
+    group.addoption(
+        "--impl", default=None,
+        help="designs to check: NAME or package.module:ATTR, comma-separated, e.g. upstream,'prefetcher[depth=4]'",
+    )
+    group.addoption(
+        "--expected-failures", default=None, metavar="DIR",
+        help="a directory of <design>.txt expected-failure files, searched before the suite's own",
+    )
     group.addoption("--results", default=None, metavar="PATH", help="write the conformance outcomes as JSON")
 
 
@@ -76,20 +93,101 @@ def _parse_value(text: str):
         return text.strip("'\"")
 
 
-def select_designs(spec: str | None) -> list:
+def installed_designs() -> dict[str, importlib.metadata.EntryPoint]:
+    """The designs installed packages declare in the ``dataloader_iter_designs`` entry-point group, by name."""
     from prototypes import IMPLEMENTATIONS
 
+    points = {point.name: point for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    clashes = [f"{name} = {points[name].value}" for name in sorted(set(points) & set(IMPLEMENTATIONS))]
+    if clashes:
+        raise pytest.UsageError(
+            f"entry points in group {ENTRY_POINT_GROUP!r} take the names of designs in this repository "
+            f"({'; '.join(clashes)}); rename each entry point and its Design in the package that declares it"
+        )
+    return points
+
+
+def _as_design(source: str, value: object) -> Design:
+    if not isinstance(value, Design):
+        raise pytest.UsageError(
+            f"--impl {source}: {type(value).__name__} is not a prototypes.common.Design; point it at an object "
+            "built with Design(name=..., summary=..., make_trainer=...)"
+        )
+    return value
+
+
+def _design_at(path: str) -> Design:
+    """The design ``package.module:ATTR`` names."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise pytest.UsageError(
+            f"--impl {path}: cannot import {module_name!r} ({error}); install the package that defines it "
+            "or put its directory on PYTHONPATH"
+        ) from None
+    try:
+        value = operator.attrgetter(attribute)(module)
+    except AttributeError:
+        designs = sorted(name for name, value in vars(module).items() if isinstance(value, Design))
+        raise pytest.UsageError(
+            f"--impl {path}: module {module_name!r} has no attribute {attribute!r}; "
+            f"the Designs it defines: {', '.join(designs) or 'none'}"
+        ) from None
+    design = _as_design(path, value)
+    from prototypes import IMPLEMENTATIONS
+
+    if IMPLEMENTATIONS.get(design.name, design) is not design:
+        raise pytest.UsageError(
+            f"--impl {path}: its name {design.name!r} is taken by a design in this repository; "
+            "give the outside design another Design(name=...)"
+        )
+    return design
+
+
+def _installed_design(point: importlib.metadata.EntryPoint) -> Design:
+    where = f"{point.name} (entry point {point.value!r} in group {ENTRY_POINT_GROUP!r})"
+    try:
+        value = point.load()
+    except (ImportError, AttributeError) as error:
+        raise pytest.UsageError(
+            f"--impl {where}: cannot load it ({error}); fix the entry point or reinstall its package"
+        ) from None
+    design = _as_design(where, value)
+    if design.name != point.name:
+        raise pytest.UsageError(
+            f"--impl {where}: the Design is named {design.name!r}; name the entry point after its Design"
+        )
+    return design
+
+
+def _design_named(name: str, installed: dict[str, importlib.metadata.EntryPoint]) -> Design:
+    from prototypes import IMPLEMENTATIONS
+
+    if ":" in name:
+        return _design_at(name)
+    if name in IMPLEMENTATIONS:
+        return IMPLEMENTATIONS[name]
+    if name in installed:
+        return _installed_design(installed[name])
+    raise pytest.UsageError(
+        f"--impl: unknown design {name!r}; valid names: {', '.join(sorted({*IMPLEMENTATIONS, *installed}))}, "
+        "or package.module:ATTR for a design defined elsewhere"
+    )
+
+
+def select_designs(spec: str | None) -> list[Design]:
+    from prototypes import IMPLEMENTATIONS
+
+    installed = installed_designs()  # a clash is an error even when nothing installed is selected
     if not spec:
         return [v for d in IMPLEMENTATIONS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
-    selected = []
+    selected, by_name = [], {}
     for part in _split_top_level(spec):
-        match = re.fullmatch(r"(\w+)(?:\[(.*)\])?", part)
-        name = match.group(1) if match else part
-        if name not in IMPLEMENTATIONS:
-            raise pytest.UsageError(
-                f"--impl: unknown design {name!r}; valid names: {', '.join(sorted(IMPLEMENTATIONS))}"
-            )
-        design = IMPLEMENTATIONS[name]
+        match = re.fullmatch(r"([\w.]+(?::[\w.]+)?)(?:\[(.*)\])?", part)
+        design = _design_named(match.group(1) if match else part, installed)
+        if by_name.setdefault(design.name, design) is not design:
+            raise pytest.UsageError(f"--impl: two different designs are named {design.name!r}; rename one")
         if match and match.group(2) is not None:
             options = dict(kv.split("=", 1) for kv in match.group(2).split(",") if kv)
             try:
@@ -106,7 +204,12 @@ def _is_conformance(path: Path) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    state = _State(designs=select_designs(config.getoption("--impl")))
+    extra_dir = config.getoption("--expected-failures")
+    if extra_dir and not Path(extra_dir).is_dir():
+        raise pytest.UsageError(
+            f"--expected-failures {extra_dir}: no such directory; name the one that holds <design>.txt"
+        )
+    state = _State(designs=select_designs(config.getoption("--impl")), extra_dir=extra_dir)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-outcomes")
 
@@ -127,8 +230,15 @@ def contract_id(item: pytest.Item) -> str:
     return f"{item.path.name}::{item.originalname}{params}"
 
 
-def load_expected_failures(design_name: str) -> dict[str, tuple[str, int]]:
-    """``{contract id: (reason, line number)}`` from the design's file, grouped by reason::
+def expected_failures_path(design_name: str, extra_dir: str | None = None) -> Path:
+    """``<design>.txt`` in ``--expected-failures DIR`` if it is there, else in the suite's own directory."""
+    if extra_dir and (Path(extra_dir) / f"{design_name}.txt").exists():
+        return Path(extra_dir) / f"{design_name}.txt"
+    return EXPECTED_FAILURES_DIR / f"{design_name}.txt"
+
+
+def load_expected_failures(path: Path) -> dict[str, tuple[str, int]]:
+    """``{contract id: (reason, line number)}`` from a design's file (none if it has no file), grouped by reason::
 
         reason: <why the design fails these tests>
             <file>::<test>[<params without the design>]
@@ -137,7 +247,6 @@ def load_expected_failures(design_name: str) -> dict[str, tuple[str, int]]:
     A reason covers the indented ids under it. An id before any reason, a reason without ids, or an id listed
     twice is an error; ``#`` starts a comment line.
     """
-    path = EXPECTED_FAILURES_DIR / f"{design_name}.txt"
     if not path.exists():
         return {}
     entries: dict[str, tuple[str, int]] = {}
@@ -175,7 +284,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = config.stash[_STATE]
     collected_files: set[str] = set()
     matched: dict[str, set[str]] = defaultdict(set)
-    expected = {d.name: load_expected_failures(d.name) for d in state.designs}
+    paths = {d.name: expected_failures_path(d.name, state.extra_dir) for d in state.designs}
+    expected = {name: load_expected_failures(path) for name, path in paths.items()}
     for item in items:
         if not _is_conformance(item.path) or not hasattr(item, "callspec") or "design" not in item.callspec.params:
             continue
@@ -198,7 +308,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     for name, entries in expected.items():
         stale = [
-            f"  {EXPECTED_FAILURES_DIR / (name + '.txt')}:{line}: {cid}"
+            f"  {paths[name]}:{line}: {cid}"
             for cid, (_, line) in entries.items()
             if cid.split("::")[0] in collected_files and cid not in matched[name]
         ]
@@ -210,10 +320,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class _State:
     """Selected designs, what each conformance test is, and how it ended (registered as a plugin object)."""
 
-    def __init__(self, designs: list) -> None:
+    def __init__(self, designs: list[Design], extra_dir: str | None = None) -> None:
         self.designs = designs
+        self.extra_dir = extra_dir
         self.tests: dict[str, dict] = {}
         self.outcomes: dict[str, str] = {}
+
+    @property
+    def summaries(self) -> dict[str, str]:
+        return {design.name: design.summary for design in self.designs}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.nodeid not in self.tests or (report.when != "call" and report.passed):
@@ -252,10 +367,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     width = max(len(v) for v in table) + 2
     write = terminalreporter.write_line
     terminalreporter.section("conformance matrix: passed/expected-fail/failed per clause")
-    from prototypes import IMPLEMENTATIONS
-
     for name in sorted({t["design"] for t in state.tests.values()}):
-        write(f"  {name}: {IMPLEMENTATIONS[name].summary}")
+        write(f"  {name}: {state.summaries[name]}")
     write("".ljust(width) + "".join(c.rjust(10) for c in clauses) + "     total")
     for variant in sorted(table):
         row, total = table[variant], Counter()
@@ -279,8 +392,6 @@ def run_setup() -> dict:
 
 
 def write_results(path: Path, state: _State) -> None:
-    from prototypes import IMPLEMENTATIONS
-
     results = [
         dict(test, outcome=state.outcomes[nodeid])
         for nodeid, test in sorted(state.tests.items(), key=lambda kv: (kv[1]["variant"], kv[1]["test_id"]))
@@ -291,7 +402,7 @@ def write_results(path: Path, state: _State) -> None:
         schema=1,
         setup=run_setup(),
         clauses=CLAUSES,
-        designs={name: dict(summary=IMPLEMENTATIONS[name].summary) for name in names},
+        designs={name: dict(summary=state.summaries[name]) for name in names},
         results=results,
     )
     path.parent.mkdir(parents=True, exist_ok=True)

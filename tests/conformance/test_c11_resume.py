@@ -10,23 +10,22 @@ and end with the same ``global_step`` and batch progress as an uninterrupted run
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import torch
-
 from tests.conformance.harness import (
     BATCH_SIZE,
-    AsyncHandleModule,
     Crash,
     CrashingModule,
-    Handle,
     SizedItems,
     make_trainer,
     reference_weights,
     split_by_pattern,
 )
+from tests.conformance.pipelining import AsyncHandleModule, Handle
 
 pytestmark = pytest.mark.clause("C11")
 

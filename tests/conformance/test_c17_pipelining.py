@@ -14,15 +14,13 @@ import torch
 
 from tests.conformance.harness import (
     LOADER_CASES,
-    AsyncHandleModule,
     IterStepModule,
-    PipeliningModule,
-    TrainPipelineModule,
     loader_sequence,
     make_loader,
     make_trainer,
     reference_weights,
 )
+from tests.conformance.pipelining import AsyncHandleModule, PipeliningModule, TrainPipelineModule
 
 pytestmark = [pytest.mark.clause("C17"), pytest.mark.timeout(120)]
 

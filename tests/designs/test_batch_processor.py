@@ -1,6 +1,6 @@
 """What the conformance suite cannot see of ``batch_processor``: the look-ahead, the step iterator, misuse errors.
 
-The first part drives :class:`LookAhead` and :class:`StepIterator` with plain callables (no Trainer) so each edge
+The first part drives :class:`LookAhead` and :class:`LookAheadStepIterator` with plain callables (no Trainer) so each edge
 case is visible; the second runs a real Trainer and DataLoader and observes from inside the user's code.
 """
 
@@ -10,20 +10,20 @@ import itertools
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.batch_processor import (
+from prototypes.batch_processor.evaluation import (
     IteratorEvaluationLoop,
-    IteratorFitLoop,
     IteratorPredictionLoop,
+)
+from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator
+from prototypes.batch_processor.training import (
+    IteratorFitLoop,
     IteratorTrainingEpochLoop,
-    LookAhead,
-    StepIterator,
 )
 from tests.conformance.harness import (
     QUIET,
@@ -133,7 +133,7 @@ def test_a_fetch_error_surfaces_at_the_batch_it_belongs_to_with_its_type():
 def test_step_iterator_hands_out_through_the_loop_and_refuses_use_after_close():
     source = Source(3)
     batches = source.look_ahead()
-    step_iter = StepIterator(batches, lambda item: item)
+    step_iter = LookAheadStepIterator(batches, lambda item: item)
     assert next(step_iter) == ("dev0", 0, 0)
     assert list(itertools.islice(step_iter, 1)) == [("dev1", 1, 0)]
     assert not step_iter.done
@@ -146,7 +146,7 @@ def test_step_iterator_hands_out_through_the_loop_and_refuses_use_after_close():
 def test_step_iterator_done_and_stop_iteration_at_the_end():
     source = Source(1)
     batches = source.look_ahead()
-    step_iter = StepIterator(batches, lambda item: item)
+    step_iter = LookAheadStepIterator(batches, lambda item: item)
     assert [b for b, _, _ in step_iter] == ["dev0"], "a for loop over the iterator ends cleanly"
     assert step_iter.done
     with pytest.raises(StopIteration):
@@ -174,10 +174,10 @@ def test_consumed_state_is_none_without_a_snapshot():
 def test_step_iterator_over_one_dataloader_stops_where_the_next_begins():
     items = iter([("a0", 0, 0), ("a1", 1, 0), ("b0", 0, 1)])
     batches = LookAhead(lambda: next(items), lambda batch, dataloader_idx: batch)
-    first = StepIterator(batches, lambda item: item, dataloader_idx=0, step="validation_step")
+    first = LookAheadStepIterator(batches, lambda item: item, dataloader_idx=0, step="validation_step")
     assert [b for b, _, _ in first] == ["a0", "a1"], "the iterator of loader 0 ends at its last batch"
     assert first.done and not batches.exhausted
-    second = StepIterator(batches, lambda item: item, dataloader_idx=1, step="validation_step")
+    second = LookAheadStepIterator(batches, lambda item: item, dataloader_idx=1, step="validation_step")
     assert not second.done
     assert next(second) == ("b0", 0, 1) and second.done and batches.exhausted
     second.close()

@@ -18,12 +18,13 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import prototypes.callback
-from prototypes.callback import DESIGN, DataloaderIterCallback, StepIterator
+from prototypes.callback import DESIGN, DataloaderIterCallback
+from prototypes.common import StepIterator
 from tests.conformance.harness import (
     BATCH_SIZE,
+    QUIET,
     Crash,
     CrashingModule,
-    QUIET,
     IterStepModule,
     RegularStepModule,
     SizedItems,
@@ -64,7 +65,9 @@ def public_api_violations(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found += _import_violations(line, node.module, [alias.name for alias in node.names])
         elif isinstance(node, ast.Attribute):
-            own = isinstance(node.value, ast.Name) and node.value.id == "self"
+            own = (isinstance(node.value, ast.Name) and node.value.id == "self") or (  # super() is self too
+                isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and node.value.func.id == "super"
+            )
             if node.attr.startswith("_") and not own and node.attr not in LANGUAGE_ATTRIBUTES:
                 found.append(f"line {line}: private attribute .{node.attr}")
             if node.attr in LOOP_ATTRIBUTES:

@@ -1,0 +1,101 @@
+"""The iterator the loop owns: batches fetched one ahead of the step, handed to one step call at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pytorch_lightning.loops.fetchers import _DataFetcher
+
+from prototypes.common import StepIterator
+
+Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
+
+
+class LookAhead:
+    """The run's batches, fetched one ahead of the step so the loop knows whether another remains.
+
+    ``fetch`` returns the next raw ``(batch, batch_idx, dataloader_idx)`` or raises ``StopIteration``; it is
+    never called again after that. ``transfer(batch, dataloader_idx)`` moves a batch to the device; it runs once
+    per batch, when the batch is first needed (handed out or shown to a batch-start hook), not when it is
+    fetched, so a step that pipelines its own work decides when the copy happens. ``snapshot``, if given,
+    returns the loaders' state; ``consumed_state`` is then their state as of the batches taken so far (the
+    batch held back excluded), which is what a checkpoint must record.
+    """
+
+    def __init__(
+        self, fetch: Callable[[], Item], transfer: Callable[[Any, int], Any], snapshot: Callable[[], Any] | None = None
+    ) -> None:
+        self._fetch = fetch
+        self._transfer = transfer
+        self._snapshot = snapshot or (lambda: None)
+        self._head: Item | None = None
+        self._head_transferred = False
+        self._fetch_error: Exception | None = None
+        self.exhausted = False
+        self.consumed_state: Any = None
+        self._fetch_head()
+
+    def _fetch_head(self) -> None:
+        # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
+        self.consumed_state = self._snapshot()
+        try:
+            self._head = self._fetch()
+        except StopIteration:
+            self._head, self.exhausted = None, True
+            # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
+            self.consumed_state = self._snapshot()
+        except Exception as error:
+            # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
+            # raise it when that batch is asked for, with its original type and traceback
+            self._head, self._fetch_error = None, error
+        self._head_transferred = False
+
+    def exhausted_for(self, dataloader_idx: int) -> bool:
+        """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
+        return self.exhausted or (self._head is not None and self._head[2] != dataloader_idx)
+
+    def peek(self) -> Item:
+        """The next batch, transferred, without taking it; ``StopIteration`` when none remains."""
+        if self._fetch_error is not None:
+            raise self._fetch_error
+        if self._head is None:
+            raise StopIteration
+        if not self._head_transferred:
+            batch, batch_idx, dataloader_idx = self._head
+            self._head = (self._transfer(batch, dataloader_idx), batch_idx, dataloader_idx)
+            self._head_transferred = True
+        return self._head
+
+    def take(self) -> Item:
+        """The next batch, transferred; fetches the one after it so ``exhausted`` is exact afterwards."""
+        item = self.peek()
+        self._fetch_head()
+        return item
+
+
+class LookAheadStepIterator(StepIterator):
+    """A step call's ``dataloader_iter`` over the look-ahead: the batches of ``dataloader_idx`` as ``hand_out`` passes
+    them on (the loop counts them there)."""
+
+    def __init__(
+        self, batches: LookAhead, hand_out: Callable[[Item], Item], dataloader_idx: int = 0, step: str = "training_step"
+    ) -> None:
+        super().__init__(step)
+        self._batches, self._hand_out, self._dataloader_idx = batches, hand_out, dataloader_idx
+
+    def _take(self) -> Item:
+        if self._batches.exhausted_for(self._dataloader_idx):
+            raise StopIteration
+        return self._hand_out(self._batches.take())
+
+    def _has_next(self) -> bool:
+        return not self._batches.exhausted_for(self._dataloader_idx)
+
+
+def fetch_within_limits(data_fetcher: _DataFetcher) -> Item:
+    # the combined loader does not stop at a `limit_*_batches`; the fetcher's `done` counts against it
+    if data_fetcher.done:
+        raise StopIteration
+    # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
+    return _DataFetcher.__next__(data_fetcher)

@@ -1,0 +1,309 @@
+"""The training loops: the epoch loop runs the step calls itself when ``training_step`` pulls batches."""
+
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.loops.fetchers import _DataFetcher
+from pytorch_lightning.trainer import call
+from pytorch_lightning.utilities.data import extract_batch_size
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
+
+from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
+from prototypes.common import (
+    STOP_ITERATION_WITH_BATCHES_LEFT,
+    NoProgressGuard,
+    every_rank_has_a_batch,
+    refuse_mixed_step_signature,
+    takes_dataloader_iter,
+    transfer_batch,
+)
+from prototypes.lightning_changes import (
+    BatchCountingEpochLoop,
+    BatchCountingFitLoop,
+    ManualOptimizationSeesStopIteration,
+    loader_states,
+    supply_log_batch_size,
+)
+
+
+class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
+    """Lightning's training epoch loop, processing batches itself when ``training_step`` pulls them.
+
+    Progress, limits, ``max_steps``, validation intervals, checkpoints and the progress bar count batches;
+    ``accumulate_grad_batches`` and the optimizer hooks' ``batch_idx`` count step calls. Validation during fit
+    (and its sanity check) runs through :class:`IteratorEvaluationLoop`.
+    """
+
+    def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
+        super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
+        self._pulling = False
+        self._pulling_module: pl.LightningModule | None = None  # the module `_pulling` was decided for
+        self._batches: LookAhead | None = None
+        self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
+        self._window_open = False  # gradients accumulated since the last optimizer step
+        self._window_loss: Any = None
+        self._last_step_consumed = 0
+        self._last_handed_out: tuple[Any, int] = (None, -1)
+        self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
+        self._undo_log_batch_size: Callable[[], None] | None = None
+        self._no_progress = NoProgressGuard()
+        self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
+        self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
+        self._step_saw_end = False  # the last step call raised StopIteration or called next() past the last batch
+        self._draining_now = False  # in a drain call: each is an accumulation window of its own
+
+    def run(self, data_fetcher: _DataFetcher) -> None:
+        step = self.trainer.lightning_module.training_step
+        self._pulling_module, self._pulling = self.trainer.lightning_module, takes_dataloader_iter(step)
+        if self._pulling:
+            refuse_mixed_step_signature(step, "training_step")  # before on_run_start fetches a batch
+            if self._undo_log_batch_size is None:  # `run` is called once per epoch
+                self._undo_log_batch_size = supply_log_batch_size(self.trainer.lightning_module, self._step_batch_size)
+        super().run(data_fetcher)
+
+    def _steps_pull_batches(self) -> bool:
+        # Why not only `run`'s answer: Lightning asks about a restart (`update_restart_stage`) before `run`
+        module = self.trainer.lightning_module
+        if module is not None and module is not self._pulling_module:
+            self._pulling_module, self._pulling = module, takes_dataloader_iter(module.training_step)
+        return self._pulling
+
+    def _step_calls_this_epoch(self) -> int:
+        return self._step_calls
+
+    def _consumed_by_last_call(self) -> int:
+        return self._last_step_consumed
+
+    def on_run_start(self, data_fetcher: _DataFetcher) -> None:
+        super().on_run_start(data_fetcher)
+        if not self._pulling:
+            return
+        if self.batch_progress.current.ready == 0:  # not resuming mid-epoch: the restored counts stand otherwise
+            self._step_calls = self._last_step_consumed = 0
+        self._window_open, self._window_loss = False, None
+        self._last_handed_out = (None, -1)
+        self._no_progress = NoProgressGuard()
+        combined_loader = self.trainer.fit_loop._combined_loader
+        self._stateful_loaders = loader_states(combined_loader) is not None
+        snapshot = partial(loader_states, combined_loader) if self._stateful_loaders else None
+        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(transfer_batch, self.trainer), snapshot)
+        # an unsized loader that is empty this epoch (on any rank) ends it before any step call
+        self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
+
+    def _fetch(self, data_fetcher: _DataFetcher) -> Item:
+        if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
+            # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
+            # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
+            try:
+                next(data_fetcher.iterator)  # no batch is left: the limits do not cut the loaders
+            except StopIteration:
+                pass
+        return fetch_within_limits(data_fetcher)
+
+    def _epoch_uncut(self) -> bool:
+        loader = self.trainer.fit_loop._combined_loader
+        return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits))
+
+    def _hand_out(self, item: Item) -> Item:
+        batch, _, dataloader_idx = item
+        # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
+        batch_idx = self.batch_progress.current.ready
+        self.batch_progress.increment_ready()
+        self.batch_progress.increment_started()
+        self.batch_progress.is_last_batch = self._batches.exhausted
+        self._last_handed_out = (batch, batch_idx)
+        self._step_batches.append(batch)
+        return batch, batch_idx, dataloader_idx
+
+    def _step_batch_size(self) -> int | None:
+        """Samples the running step consumed (1 if none, Lightning's fallback); None if a size cannot be inferred."""
+        try:
+            return sum(extract_batch_size(batch) for batch in self._step_batches) or 1
+        except MisconfigurationException:
+            return None
+
+    def teardown(self) -> None:
+        # Lightning tears down after every fit, failed ones included
+        if self._undo_log_batch_size is not None:
+            self._undo_log_batch_size()
+            self._undo_log_batch_size = None
+        super().teardown()
+
+    def advance(self, data_fetcher: _DataFetcher) -> None:
+        if not self._pulling:
+            return super().advance(data_fetcher)
+        assert self._batches is not None
+        # restart and SIGTERM handling, as in `_TrainingEpochLoop.advance`
+        if self.restarting and self._should_check_val_fx(data_fetcher):
+            if self.val_loop.restarted_mid_evaluation:
+                return
+            if self.restarted_on_last:
+                self._skip_next_val = True
+                return
+            self.val_loop.increment_progress_to_evaluation_end()
+        self.val_loop.restarting = False
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.trainer.world_size > 1:
+            self._broadcast_sigterm_tensor()
+
+        trainer = self.trainer
+        batch, _, _ = self._batches.peek()  # `done` was False, so a batch (or its fetch error) is there
+        batch_idx = self.batch_progress.current.ready
+        trainer._logger_connector.on_batch_start(batch)
+        self._step_batches = []
+        self._step_calls += 1  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
+        call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
+        response = call._call_lightning_module_hook(trainer, "on_train_batch_start", batch, batch_idx)
+        call._call_strategy_hook(trainer, "on_train_batch_start", batch, batch_idx)
+        if response == -1:
+            self._step_calls -= 1  # the call does not happen
+            self.batch_progress.is_last_batch = True
+            raise StopIteration  # how `_TrainingEpochLoop.run` is told to end the epoch; nothing was consumed
+
+        batch_output = self._run_step()
+        self._no_progress.step_returned(self._last_step_consumed)
+
+        # Why vote (one all-reduce per step call): a rank whose shard ran out must not stop alone while its peers
+        # enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers drops its rest
+        has_batch = not self._batches.exhausted
+        self.batch_progress.is_last_batch = not every_rank_has_a_batch(trainer, has_batch)
+        if has_batch and self.batch_progress.is_last_batch:
+            warnings.warn(
+                f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
+                " shards), and all ranks stop at the same step call. Give every rank the same number of batches."
+            )
+        for _ in range(self._last_step_consumed):
+            self.batch_progress.increment_processed()
+        self.update_lr_schedulers("step", update_plateau_schedulers=False)
+        if self._num_ready_batches_reached():
+            self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
+
+        batch, batch_idx = self._last_handed_out
+        call._call_callback_hooks(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
+        call._call_lightning_module_hook(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
+        trainer._logger_connector.on_batch_end()
+        for _ in range(self._last_step_consumed):
+            self.batch_progress.increment_completed()
+        trainer._logger_connector.update_train_step_metrics()
+
+        self._drain_if_the_data_ended(self._step_saw_end)
+
+    @contextlib.contextmanager
+    def _draining(self) -> Iterator[None]:
+        consumed, self._draining_now = self._last_step_consumed, True
+        try:
+            yield
+        finally:
+            # the validation interval and a checkpoint look at the batches of the call that took the last one
+            self._last_step_consumed, self._draining_now = consumed, False
+
+    def _run_drain_call(self) -> bool:
+        self._step_batches = []
+        self._step_calls += 1
+        self._run_step()
+        return self._step_saw_end
+
+    def _run_step(self) -> Any:
+        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
+        assert self._batches is not None
+        trainer = self.trainer
+        self._step_saw_end = False
+        consumed_before = self.batch_progress.current.ready
+        dataloader_iter = LookAheadStepIterator(self._batches, self._hand_out)
+        kwargs = OrderedDict(dataloader_iter=dataloader_iter)
+        try:
+            with trainer.profiler.profile("run_training_batch"):
+                if trainer.lightning_module.automatic_optimization:
+                    return self._run_automatic(kwargs)
+                return self.manual_optimization.run(kwargs)
+        except StopIteration:
+            if not self._batches.exhausted:
+                raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step="training_step")) from None
+            # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
+            # window still get their step, as Lightning steps on an epoch's final batch
+            self._step_saw_end = True
+            if self._window_open:
+                self._step_optimizer()
+            return None
+        finally:
+            dataloader_iter.close()
+            self._step_saw_end = self._step_saw_end or dataloader_iter.saw_end
+            self._last_step_consumed = self.batch_progress.current.ready - consumed_before
+
+    def _run_automatic(self, kwargs: OrderedDict) -> dict:
+        # Lightning calls `optimizer.step(closure)` and runs the step inside it, deciding beforehand whether to
+        # step. Here the step runs first: only once it returns does the loop know whether it took the epoch's
+        # last batch (which closes the accumulation window), and a call cut short by StopIteration must not
+        # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
+        optimizer, batch_idx = self.trainer.optimizers[0], self._step_calls - 1
+        closure = self.automatic_optimization._make_closure(kwargs, optimizer, batch_idx)
+        if self._draining_now and batch_idx % self.trainer.accumulate_grad_batches:
+            # Why: every drain call is a window of its own (the epoch's last batch closed the previous one), but
+            # Lightning's closure zeroes the gradients only at a multiple of accumulate_grad_batches
+            self.automatic_optimization._on_before_zero_grad(optimizer)
+            self.automatic_optimization._optimizer_zero_grad(batch_idx, optimizer)
+        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
+        # Whether this call closes its window is known only after it ran, so every backward syncs: one
+        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
+        closure()
+        result = closure.consume_result()
+        self._window_open, self._window_loss = True, result.loss
+        if self.trainer.strategy.handles_gradient_accumulation or not self._should_accumulate():
+            self._step_optimizer()
+        return {} if result.loss is None else result.asdict()
+
+    def _step_optimizer(self) -> None:
+        loss, evaluated = self._window_loss, []
+
+        def computed_loss() -> Any:
+            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
+            if evaluated:
+                raise RuntimeError(
+                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
+                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
+                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
+                )
+            evaluated.append(True)
+            return loss
+
+        # optimizer hooks get the step-call index, as zero_grad does: accumulation counts step calls
+        self.automatic_optimization._optimizer_step(self._step_calls - 1, computed_loss)
+        self._window_open, self._window_loss = False, None
+
+    # ---- checkpoints and resume
+    def on_save_checkpoint(self) -> dict:
+        state_dict = super().on_save_checkpoint()
+        state_dict["step_calls"] = self._step_calls
+        state_dict["last_step_consumed"] = self._last_step_consumed
+        return state_dict
+
+    def on_load_checkpoint(self, state_dict: dict) -> None:
+        super().on_load_checkpoint(state_dict)
+        self._step_calls = state_dict.get("step_calls", 0)
+        self._last_step_consumed = state_dict.get("last_step_consumed", 0)
+
+    def loader_states_consumed(self) -> list[dict] | None:
+        """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
+        return self._batches.consumed_state if self._pulling and self._batches is not None else None
+
+    def reset(self) -> None:
+        if self.restarted_on_train_batch_end:
+            # Lightning's reset completes the one batch of that call; complete the others it consumed first
+            while self.batch_progress.total.completed < self.batch_progress.total.processed - 1:
+                self.batch_progress.increment_completed()
+        super().reset()
+
+
+class IteratorFitLoop(BatchCountingFitLoop):
+    """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
+
+    def consumed_loader_states(self) -> list[dict] | None:
+        return self.epoch_loop.loader_states_consumed()
