@@ -31,7 +31,6 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-
 from torchdata import nodes
 
 from benchmarks.measuring import Probe

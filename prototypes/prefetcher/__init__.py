@@ -39,7 +39,6 @@ import pytorch_lightning as pl
 
 from prototypes.common import Design
 from prototypes.lightning_changes import install_loops
-from prototypes.prefetcher.queue import AUTO
 from prototypes.prefetcher.loops import (
     _Options,
     _PrefetchingEpochLoop,
@@ -47,6 +46,7 @@ from prototypes.prefetcher.loops import (
     _PrefetchingFitLoop,
     _PrefetchingPredictionLoop,
 )
+from prototypes.prefetcher.queue import AUTO
 
 
 def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, transfer_ahead: bool = True) -> pl.Trainer:

@@ -10,10 +10,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rendering.benchmarks import (bench_block, block_bench_notes, block_bench_other, block_bench_setup,
-                                 block_bench_targets)
-from rendering.conformance import (MATRIX_PAGE, block_clause_tests, block_designs, block_expected_failures,
-                                   block_failures, block_matrix)
+from rendering.benchmarks import (
+    bench_block,
+    block_bench_notes,
+    block_bench_other,
+    block_bench_setup,
+    block_bench_targets,
+)
+from rendering.conformance import (
+    MATRIX_PAGE,
+    block_clause_tests,
+    block_designs,
+    block_expected_failures,
+    block_failures,
+    block_matrix,
+)
 from rendering.coupling import COUPLING_BLOCKS
 from rendering.defects import block_defects
 from rendering.markdown import once_per_page

@@ -60,7 +60,7 @@ def _efficiency_points(data: dict[str, Any]) -> dict[str, Any]:
 
 def _hook_work_points(data: dict[str, Any]) -> dict[str, Any]:
     rows = data["scenarios"].get("S6") or []
-    ratio = lambda r: float(r["M_over_C_measured"]) if is_number(r.get("M_over_C_measured")) else None  # noqa: E731
+    ratio = lambda r: float(r["M_over_C_measured"]) if is_number(r.get("M_over_C_measured")) else None
     series = _series(rows, ratio, "efficiency")
     return {"scenario": "S6", "series": series, "target": _target(data, "S6")} if series else {}
 
