@@ -173,7 +173,7 @@ CALIBRATION_TOLERANCE = 0.10  # a measured L/C or M/C further than this from the
 
 
 def _measured_ratio(result: dict[str, Any]) -> str:
-    for ratio, label in (("L_over_C", "L/C"), ("M_over_C", "M/C")):
+    for ratio, label in (("M_over_C", "M/C"), ("L_over_C", "L/C")):  # S6 rows also carry the producer's L/C
         measured = result.get(f"{ratio}_measured")
         if is_number(measured):
             text = f"{label} {fmt_number(ratio, measured)}"
@@ -242,6 +242,8 @@ def _columns_table(rows: list[dict[str, Any]], keys: list[str], targets: dict[st
                 cells.append(row_verdicts(row, scenario, targets))
             elif k == "L_over_C_measured":
                 cells.append(fmt_number("ratio", l_over_c(row)))
+            elif k == "off_main_thread" and is_number(row.get(k)):
+                cells.append(f"{row[k]:.0%}")
             else:
                 cells.append(fmt_number(k, row.get(k)))
         body.append(cells)
