@@ -316,7 +316,8 @@ class Calibration:
 
 
 CALIBRATION_BATCHES = 16
-CALIBRATION_TOLERANCE = 0.03  # re-measure and correct once more when the first correction misses by more than this
+CALIBRATION_TOLERANCE = 0.03  # re-measure and correct again while a correction misses by more than this
+CALIBRATION_CORRECTIONS = 2  # at most this many further corrections (a burst of other work can mislead one)
 
 
 def calibrate_step(step_only_ms: Callable[[int], float], target_ms: float, ms_per_iteration: float) -> Calibration:
@@ -332,7 +333,9 @@ def calibrate_step(step_only_ms: Callable[[int], float], target_ms: float, ms_pe
     per_iteration = max((first - overhead) / guess, 1e-6)
     iterations = max(0, round((target_ms - overhead) / per_iteration))
     measured = step_only_ms(iterations)
-    if abs(measured - target_ms) > CALIBRATION_TOLERANCE * target_ms and iterations:
+    for _ in range(CALIBRATION_CORRECTIONS):
+        if abs(measured - target_ms) <= CALIBRATION_TOLERANCE * target_ms or not iterations:
+            break
         per_iteration = max((measured - overhead) / iterations, 1e-6)
         iterations = max(0, round((target_ms - overhead) / per_iteration))
         measured = step_only_ms(iterations)
