@@ -51,6 +51,10 @@ class LookAhead:
             self._head, self._fetch_error = None, error
         self._head_transferred = False
 
+    def drop_rest(self) -> None:
+        """End here, with batches left (the ranks' vote ended the epoch): none is handed out any more."""
+        self._head, self._fetch_error, self.exhausted = None, None, True
+
     def exhausted_for(self, dataloader_idx: int) -> bool:
         """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
         return self.exhausted or (self._head is not None and self._head[2] != dataloader_idx)

@@ -180,6 +180,8 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
                 f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
                 " shards), and all ranks stop at the same step call. Give every rank the same number of batches."
             )
+            # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
+            self._batches.drop_rest()
         for _ in range(self._last_step_consumed):
             self.batch_progress.increment_processed()
         self.update_lr_schedulers("step", update_plateau_schedulers=False)
