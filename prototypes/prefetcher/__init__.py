@@ -64,7 +64,7 @@ DESIGN = Design(
     summary="Lightning's loops with a fetcher that prefetches batches on a thread (when it pays) and counts consumed ones",
     make_trainer=_make_trainer,
     options={"depth": AUTO},
-    suite_variants=({"depth": 0}, {"depth": 1}, {"depth": 4}),
+    suite_variants=({"depth": 0}, {"depth": 1}, {"depth": 2}, {"depth": 4}),
     prefetch_depth_option="depth",
     promised_s1_efficiency={"L=C": 0.8, "L=0.5C": 0.5, "L=2C": 0.5},
     promised_s4_efficiency_at_depth={4: 0.5, 8: 0.5},
