@@ -7,6 +7,7 @@ from typing import Any
 
 from rendering.benchmarks import is_baseline, target_result_cell
 from rendering.conformance import conformance_parts
+from rendering.coupling import private_names_used
 from rendering.markdown import bench_setup, code, no_results, setup_line, table
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, FAIL, XFAIL, Inputs
 
@@ -50,6 +51,7 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
         parts.append(no_results("benchmark results", BENCHMARK_COMMAND))
     if judged:
         headers += ["benchmark targets met", "missed (measured)"]
+    headers.append("private Lightning names used")
 
     rows = []
     for name in names:
@@ -80,10 +82,19 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
                                       + target_result_cell(r, str(spec.get("metric", "")), spec.get("threshold")))
             total = met + len(missed)
             row += [f"{met} of {total}" if total else "–", "<br>".join(missed) or ("none" if total else "–")]
+        row.append(_coupling_cell(name))
         rows.append(row)
     legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). Benchmark "
               "targets count each judged result (a target judges a design's registered configuration, at each "
               "point it applies to); a missed one shows its measured median. \"–\": no target applies to that "
-              "design or it was not measured. Details: the conformance matrix, and the targets table of the "
-              "benchmarks.")
+              "design or it was not measured. Private Lightning names: read from each design's source by "
+              "`python -m prototypes.coupling` (the design pages list them). Details: the conformance matrix, and "
+              "the targets table of the benchmarks.")
     return "\n\n".join(parts + [table(headers, rows), legend])
+
+
+def _coupling_cell(name: str) -> str:
+    try:
+        return str(private_names_used(name))
+    except KeyError:  # a design in the results that is no longer registered
+        return "–"
