@@ -42,14 +42,6 @@ def _targets(bench, point: str) -> tuple[float, float]:
     return l_factor * bench.sizes.s1_base_ms, c_factor * bench.sizes.s1_base_ms
 
 
-def _step_only_ms(bench, n: int, iterations: int) -> float:
-    def run(probe: measuring.Probe) -> None:
-        dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
-        module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
-        workloads.run_step_only(module, [dataset.make(i) for i in range(n)], bench.root)
-    return workloads.timed_epoch(run, n)
-
-
 def _load_only_ms(n: int, sleep_ms: float) -> float:
     def run(probe: measuring.Probe) -> None:
         workloads.run_load_only(probe, workloads.loader(workloads.TimedDataset(n, sleep_ms, probe, ROWS, FEATURES)))
@@ -61,7 +53,7 @@ def _knobs(bench, point: str) -> tuple[int, float]:
     l_ms, c_ms = _targets(bench, point)
     n = bench.sizes.calibration_batches
     step = bench.calibrated(f"S1 C={c_ms:g}", lambda: workloads.calibrate_step(
-        partial(_step_only_ms, bench, n), c_ms, bench.burner.ms_per_matmul))
+        partial(workloads.step_only_ms, bench.burner, bench.root, ROWS, FEATURES, n), c_ms, bench.burner.ms_per_matmul))
     load = bench.calibrated(f"S1 L={l_ms:g}", lambda: workloads.calibrate_load(partial(_load_only_ms, n), l_ms))
     return int(step.value), load.value
 

@@ -47,14 +47,6 @@ def _targets(bench, point: str) -> tuple[float, float]:
     return m_factor * bench.sizes.s6_base_ms, c_factor * bench.sizes.s6_base_ms
 
 
-def _step_only_ms(bench, n: int, iterations: int) -> float:
-    def run(probe: measuring.Probe) -> None:
-        dataset = workloads.TimedDataset(n, 0.0, probe, ROWS, FEATURES)
-        module = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
-        workloads.run_step_only(module, [dataset.make(i) for i in range(n)], bench.root)
-    return workloads.timed_epoch(run, n)
-
-
 def _hook_work_ms(bench, n: int, iterations: int) -> float:
     """Milliseconds of one batch's hook work on this thread: the fastest of ``n`` (as the burner's own calibration,
     what it costs on a core nobody else is using; the rounds then measure what M was)."""
@@ -71,7 +63,7 @@ def _knobs(bench, point: str) -> tuple[int, int]:
     m_ms, c_ms = _targets(bench, point)
     n = bench.sizes.calibration_batches
     step = bench.calibrated(f"S6 C={c_ms:g}", lambda: workloads.calibrate_step(
-        partial(_step_only_ms, bench, n), c_ms, bench.burner.ms_per_matmul))
+        partial(workloads.step_only_ms, bench.burner, bench.root, ROWS, FEATURES, n), c_ms, bench.burner.ms_per_matmul))
     hooks = bench.calibrated(f"S6 M={m_ms:g}", lambda: workloads.calibrate_step(
         partial(_hook_work_ms, bench, n), m_ms, bench.burner.ms_per_matmul))
     return int(hooks.value), int(step.value)

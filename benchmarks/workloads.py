@@ -364,6 +364,17 @@ def timed_epoch(run: Callable[[Probe], None], n: int) -> float:
     return min(times)
 
 
+def step_only_ms(burner: Any, root: Path, rows: int, features: int, n: int, iterations: int) -> float:
+    """C as the ideal counts it: milliseconds per batch of stock Lightning's loop over ``n`` in-memory batches."""
+
+    def run(probe: Probe) -> None:
+        dataset = TimedDataset(n, 0.0, probe, rows, features)
+        module = RegularStep(probe, features, burner, iterations)
+        run_step_only(module, [dataset.make(i) for i in range(n)], root)
+
+    return timed_epoch(run, n)
+
+
 # ------------------------------------------------------------------------------------------------- entries
 def design_entries(depths: Sequence[int]) -> dict[str, Design]:
     """Entry key -> design: every registered design at its defaults, and every design that prefetches
