@@ -72,7 +72,8 @@ class OddError(Exception):
         self.index = index
 
 
-def drain(prefetcher: Prefetcher) -> list:
+def drain(prefetcher: Prefetcher, turn_s: float = 0.0) -> list:
+    """Every result until the end, released one by one; the consumer works ``turn_s`` seconds per result."""
     out = []
     while True:
         try:
@@ -80,6 +81,8 @@ def drain(prefetcher: Prefetcher) -> list:
         except StopIteration:
             return out
         prefetcher.release()
+        if turn_s:
+            time.sleep(turn_s)
 
 
 # ------------------------------------------------------------------------------------------------ the queue
@@ -169,29 +172,19 @@ def test_shutdown_waits_for_a_produce_call_in_progress():
     assert source.produced == 1
 
 
-def consume(prefetcher: Prefetcher, turn_s: float) -> list:
-    """``drain`` with a consumer that works ``turn_s`` seconds per result."""
-    out = []
-    while True:
-        try:
-            out.append(prefetcher.get())
-        except StopIteration:
-            return out
-        prefetcher.release()
-        time.sleep(turn_s)
 
 
 @pytest.mark.timeout(20)
 def test_auto_drops_the_thread_when_loading_is_too_cheap_to_hide_and_loses_nothing():
     prefetcher = Prefetcher(Counting(40), AUTO)
-    assert consume(prefetcher, 0.002) == list(range(40))  # every item once, in order, across the switch
+    assert drain(prefetcher, 0.002) == list(range(40))  # every item once, in order, across the switch
     assert not prefetcher.threaded and not prefetch_threads()
 
 
 @pytest.mark.timeout(20)
 def test_auto_drops_the_thread_when_the_consumer_is_too_quick_for_an_overlap_to_pay():
     prefetcher = Prefetcher(Counting(30, delay=0.003), AUTO)
-    assert consume(prefetcher, 0.0) == list(range(30))
+    assert drain(prefetcher, 0.0) == list(range(30))
     assert not prefetcher.threaded
 
 
@@ -199,7 +192,7 @@ def test_auto_drops_the_thread_when_the_consumer_is_too_quick_for_an_overlap_to_
 def test_auto_keeps_the_thread_when_loading_and_consuming_both_take_time():
     source = Counting(20, delay=0.003)
     prefetcher = Prefetcher(source, AUTO)
-    assert consume(prefetcher, 0.003) == list(range(20))
+    assert drain(prefetcher, 0.003) == list(range(20))
     assert prefetcher.threaded
     prefetcher.shutdown()
     assert not prefetch_threads()
@@ -209,7 +202,7 @@ def test_auto_keeps_the_thread_when_loading_and_consuming_both_take_time():
 def test_auto_switching_keeps_an_error_of_a_later_item_for_its_turn():
     prefetcher = Prefetcher(Counting(40, fail_at=prefetch_queue.AUTO_PROBE_BATCHES + 2), AUTO)
     with pytest.raises(OddError) as raised:
-        consume(prefetcher, 0.0)
+        drain(prefetcher, 0.0)
     assert raised.value.index == prefetch_queue.AUTO_PROBE_BATCHES + 2
     assert wait_until(lambda: not prefetch_threads())
 
