@@ -10,6 +10,7 @@ private loop API; ``prototypes.common`` holds what needs only the public API.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import itertools
 from collections.abc import Callable
@@ -128,9 +129,15 @@ def stock_fetch_action(loop: Any) -> str:
     Why: Lightning names the action after the loop's class; profiler reports are read by users and parsed by
     scripts, so a design's subclass must not rename them.
     """
-    stock = next(c.__name__ for c in type(loop).__mro__ if c.__module__.startswith("pytorch_lightning."))
+    stock = _stock_loop_name(type(loop))
     prefix = {"_TrainingEpochLoop": "train_dataloader", "_PredictionLoop": "predict"}.get(stock)
     return f"[{stock}].{prefix or loop._stage.dataloader_prefix}_next"
+
+
+@functools.cache
+def _stock_loop_name(loop_type: type) -> str:
+    # Why cached: the name is read twice per fetch, on the per-batch path
+    return next(c.__name__ for c in loop_type.__mro__ if c.__module__.startswith("pytorch_lightning."))
 
 
 # ----------------------------------------------------------------------- [RFC 3] drain a pipelining step
