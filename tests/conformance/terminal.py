@@ -7,6 +7,7 @@ is what a test measures. The benchmarks' verdict summary (``benchmarks/summary.p
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -74,6 +75,16 @@ def _bucket(outcome: str) -> str:
     return outcome if outcome in ("passed", "xfailed", "skipped") else "failed"
 
 
+def _broken(name: str, width: int) -> list[str]:
+    """``name`` in lines of at most ``width`` characters, broken after ``_``, ``.`` or ``-`` where it can be."""
+    lines = [""]
+    for piece in re.findall(r"[^_.\-]*[_.\-]|[^_.\-]+$", name):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return [chunk[i : i + width] for chunk in lines for i in range(0, len(chunk), width)]
+
+
 class _Column:
     """Variants of one design whose outcomes are identical in every clause: one matrix column."""
 
@@ -101,8 +112,9 @@ class _Column:
         widest_cell = max(len(text) for text, _ in self.cells(clauses))
         return max(widest_cell, min(len(self.design), 16), len(self.options_label), 3)
 
-    def header(self, width: int) -> tuple[str, str]:
-        return fit(self.design, width), fit(self.options_label, width)
+    def header(self, width: int) -> list[str]:
+        """The design's name, broken after ``_`` or ``.`` where it is wider than the column, then the options."""
+        return [*_broken(self.design, width), *([fit(self.options_label, width)] if self.options_label else [])]
 
 
 def _columns(results: Iterable[Mapping], design_order: Iterable[str]) -> list[_Column]:
@@ -155,20 +167,23 @@ def render_matrix(
     name_width = min(max(len(c.design) for c in columns), 24)
     for design in dict.fromkeys(c.design for c in columns):
         summary = summaries.get(design, "")
-        lines += wrapped(summary, width, indent=" " * (name_width + 4), first=f"  {fit(design, name_width):<{name_width}}  ")
+        if len(design) > name_width:  # the summary goes below a name that does not fit beside it
+            lines.append([(f"  {design}", {})])
+        first = f"  {'' if len(design) > name_width else design:<{name_width}}  "
+        lines += wrapped(summary, width, indent=" " * (name_width + 4), first=first)
     widths = [c.width(clause_ids) for c in columns]
     labels = {c: f"{c} {clauses.get(c, '')}".rstrip() for c in clause_ids} | {"all": "all clauses"}
-    label_min = max(len(c) for c in [*clause_ids, "all"]) + 4
+    label_min = max(len(labels["all"]), *(len(c) + 8 for c in clause_ids))  # an id and the start of its title
     label_want = max(len(label) for label in labels.values())
     failed: list[str] = []
     for block in _blocks(columns, widths, label_min, width):
         label_width = max(label_min, min(label_want, width - sum(len(GAP) + widths[i] for i in block)))
         headers = [columns[i].header(widths[i]) for i in block]
         lines.append([("", {})])
-        for row in (0, 1):
-            text = (" " * label_width + "".join(GAP + h[row].rjust(widths[i]) for i, h in zip(block, headers))).rstrip()
-            if text:
-                lines.append([(text, dict(bold=True))])
+        for row in range(max(map(len, headers))):
+            cells = [h[row] if row < len(h) else "" for h in headers]
+            text = " " * label_width + "".join(GAP + c.rjust(widths[i]) for i, c in zip(block, cells))
+            lines.append([(text.rstrip(), dict(bold=True))])
         for position, clause in enumerate([*clause_ids, "all"]):
             line: Line = [(fit(labels[clause], label_width).ljust(label_width), {})]
             for i in block:
