@@ -372,7 +372,8 @@ def test_a_missing_expected_failures_directory_is_an_error(pytester, tmp_path):
 # ------------------------------------------------------------------------------------------------ what the run prints
 def test_a_run_where_no_conformance_test_ran_prints_no_matrix(pytester):
     # pytest --benchmark-only skips every conformance test: nothing ran, so there is no matrix to show
-    skipped = run_suite(pytester, "--impl", "upstream", "--benchmark-only", targets=(str(SUITE / "test_c01_selection.py"),))
+    c01 = str(SUITE / "test_c01_selection.py")
+    skipped = run_suite(pytester, "--impl", "upstream", "--benchmark-only", targets=(c01,))
     assert skipped.ret == pytest.ExitCode.OK
     counts = skipped.parseoutcomes()
     assert set(counts) == {"skipped"} and counts["skipped"] > 0
@@ -397,7 +398,8 @@ def test_a_subset_prints_only_the_clauses_and_designs_that_ran(pytester):
 def test_failed_cells_are_red_unless_no_color_is_set(pytester, toy_design, monkeypatch):
     monkeypatch.setenv("FORCE_COLOR", "1")  # pytest's writer colours output to a pipe only when asked to
     monkeypatch.delenv("PY_COLORS", raising=False)
-    fixed_patterns = f"{SUITE / 'test_c03_exactly_once.py'}::test_fixed_patterns_receive_the_loader_sequence_every_epoch"
+    c03 = SUITE / "test_c03_exactly_once.py"
+    fixed_patterns = f"{c03}::test_fixed_patterns_receive_the_loader_sequence_every_epoch"
     args = ("--impl", toy_design.name, "-k", "not unsized")
     coloured = run_suite(pytester, *args, targets=(fixed_patterns,))
     assert coloured.ret == pytest.ExitCode.TESTS_FAILED

@@ -171,6 +171,7 @@ def render_matrix(
             lines.append([(f"  {design}", {})])
         first = f"  {'' if len(design) > name_width else design:<{name_width}}  "
         lines += wrapped(summary, width, indent=" " * (name_width + 4), first=first)
+    cells = [c.cells(clause_ids) for c in columns]  # per column: one per clause, then the total
     widths = [c.width(clause_ids) for c in columns]
     labels = {c: f"{c} {clauses.get(c, '')}".rstrip() for c in clause_ids} | {"all": "all clauses"}
     label_min = max(len(labels["all"]), *(len(c) + 8 for c in clause_ids))  # an id and the start of its title
@@ -181,13 +182,13 @@ def render_matrix(
         headers = [columns[i].header(widths[i]) for i in block]
         lines.append([("", {})])
         for row in range(max(map(len, headers))):
-            cells = [h[row] if row < len(h) else "" for h in headers]
-            text = " " * label_width + "".join(GAP + c.rjust(widths[i]) for i, c in zip(block, cells))
+            names = [h[row] if row < len(h) else "" for h in headers]
+            text = " " * label_width + "".join(GAP + name.rjust(widths[i]) for i, name in zip(block, names))
             lines.append([(text.rstrip(), dict(bold=True))])
         for position, clause in enumerate([*clause_ids, "all"]):
             line: Line = [(fit(labels[clause], label_width).ljust(label_width), {})]
             for i in block:
-                text, markup = columns[i].cells(clause_ids)[position]
+                text, markup = cells[i][position]
                 line += [(GAP, {}), (text.rjust(widths[i]), markup)]
                 if clause != "all" and columns[i].counts.get(clause, Counter())["failed"]:
                     failed.append(f"{clause} {columns[i].name}")
@@ -204,7 +205,9 @@ def render_matrix(
     return lines
 
 
-def write_matrix(terminalreporter, results: list[Mapping], clauses: Mapping[str, str], summaries: Mapping[str, str]) -> None:
+def write_matrix(
+    terminalreporter, results: list[Mapping], clauses: Mapping[str, str], summaries: Mapping[str, str]
+) -> None:
     """The matrix at the end of a run; nothing when no conformance test ran."""
     width = width_for(terminalreporter)
     lines = render_matrix(results, clauses, summaries, width)
