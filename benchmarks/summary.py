@@ -58,12 +58,13 @@ def render_summary(document: Mapping[str, Any], path: Path, width: int, complete
     # the design column takes what the others leave
     widths[0] = max(12, min(widths[0], width - len(INDENT) - sum(len(GAP) + w for w in widths[1:])))
 
-    def row_line(cells: list[str], markup: dict[str, bool] | None = None) -> Line:
+    def row_line(cells: list[str], markup: dict[str, bool]) -> Line:
         texts = [fit(cells[0], widths[0]).ljust(widths[0]), cells[1].ljust(widths[1]),
                  cells[2].rjust(widths[2]), cells[3].ljust(widths[3])]
-        return [(INDENT + GAP.join(texts) + GAP, {}), (cells[4], markup if markup is not None else {})]
+        return [(INDENT + GAP.join(texts) + GAP, {}), (cells[4], markup)]
 
-    lines: list[Line] = [[(INDENT + GAP.join(h.ljust(w) for h, w in zip(HEADERS, widths)).rstrip(), dict(bold=True))]]
+    header = INDENT + GAP.join(h.ljust(w) for h, w in zip(HEADERS, widths))
+    lines: list[Line] = [[(header.rstrip(), dict(bold=True))]] if rows else []
     tally: Counter = Counter()
     for name, target in targets.items():
         if not target.get("results"):
