@@ -4,7 +4,8 @@
   sizes as a correctness smoke test (batches exactly once, in order; S2's weights equal the unpipelined step's),
   and no timing is asserted.
 - ``pytest --benchmark-only`` (or ``--benchmark-enable``): full sizes, warm-up plus measured rounds, medians, the
-  promised figures asserted with noise margins, and at session end ``rfc/results/benchmarks-<kind>.json``
+  promised figures asserted with noise margins, a verdict per target at the end (``summary.py``; pytest-benchmark's
+  tables with ``--benchmark-tables``), and at session end ``rfc/results/benchmarks-<kind>.json``
   (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 and S6 (for example
   ``-k S1``) writes ``.benchmarks/benchmarks-<kind>.partial.json`` instead, so it never clobbers a full result;
   ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
@@ -23,13 +24,28 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks import results, workloads
+from benchmarks import results, summary, workloads
 from prototypes import IMPLEMENTATIONS, Design
 from tests.conformance.plugin import select_designs
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("benchmark").addoption(
+        "--benchmark-tables", action="store_true", default=False,
+        help="also print pytest-benchmark's own tables (wide) before the verdict summary; without it a measuring "
+             "run reports as if --benchmark-quiet were given",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the outside designs ``--impl`` names for this session, before the scenarios read the registry."""
+    """Register the outside designs ``--impl`` names for this session, before the scenarios read the registry.
+
+    A measuring run ends with the targets' verdicts (``summary.py``); pytest-benchmark's tables, wider than most
+    terminals, print only with ``--benchmark-tables``. pytest-benchmark reads its options after this hook (its own
+    ``pytest_configure`` runs last), so quiet here is quiet there.
+    """
+    if measuring(config) and not config.getoption("--benchmark-tables"):
+        config.option.benchmark_quiet = True
     outside: dict[str, Design] = {}
     for design in select_designs(config.getoption("--impl")):
         if design.name not in IMPLEMENTATIONS:
@@ -157,6 +173,9 @@ def bench(request, tmp_path_factory) -> Bench:
     return Bench(on, sizes, burner, tmp_path_factory.mktemp("bench"), store, setup)
 
 
+_WRITTEN = pytest.StashKey[tuple[dict[str, Any], Path, bool]]()  # the results document, its path, whether complete
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     store = results.RESULTS
     if not measuring(session.config) or not store.rows:
@@ -178,7 +197,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         path = results.RESULTS_DIR / name
     else:
         path = results.PARTIAL_DIR / name.replace(".json", ".partial.json")
-    results.write_json(path, results.results_document(store, results.setup_info()))
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"benchmark results written to {path}" + ("" if complete else " (partial run)"))
+    document = results.results_document(store, results.setup_info())
+    results.write_json(path, document)
+    session.config.stash[_WRITTEN] = (document, path, complete)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-benchmark's tables, when they are printed: the verdicts end the run
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if _WRITTEN in config.stash:
+        summary.write_summary(terminalreporter, *config.stash[_WRITTEN])

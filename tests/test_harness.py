@@ -78,6 +78,11 @@ def run_suite(pytester: pytest.Pytester, *args: str, targets: tuple[str, ...] = 
     return pytester.runpytest("-p", "no:cacheprovider", *targets, *args)
 
 
+def printed(text: str, outcome: pytest.RunResult) -> bool:
+    """Whether the run printed ``text``, whatever the line breaks wrapping put into it."""
+    return " ".join(text.split()) in " ".join(outcome.stdout.str().split())
+
+
 @pytest.mark.timeout(300)
 def test_broken_toy_design_fails_the_clauses_it_breaks(pytester, toy_design, tmp_path):
     results = tmp_path / "results.json"
@@ -86,7 +91,7 @@ def test_broken_toy_design_fails_the_clauses_it_breaks(pytester, toy_design, tmp
         "-k", "test_fixed_patterns or test_parameter_named_dataloader_iter",
     )
     assert outcome.ret == pytest.ExitCode.TESTS_FAILED
-    outcome.stdout.fnmatch_lines(["*conformance matrix*", "toy_dropping *FAIL"])
+    outcome.stdout.fnmatch_lines(["*conformance matrix*", "C3 Exactly once, in order * F*", "failed: C3 toy_dropping"])
     assert outcomes_by_clause(results) == {"C1": {"passed"}, "C3": {"failed"}}
 
 
@@ -254,7 +259,7 @@ def test_the_guides_in_repository_design_is_registered_and_checked(pytester, in_
     design = in_repository_design
     expected = {design.variant(**options).id for options in (design.options, *design.suite_variants)}
     assert _variants(results) == {variant: {"passed"} for variant in expected}
-    outcome.stdout.fnmatch_lines([f"  my_design: {design.summary}"])
+    assert printed(f"my_design {design.summary}", outcome)
 
 
 OUTSIDE_MODULE = "mypkg/dataloader_iter_design.py"
@@ -298,7 +303,8 @@ def test_a_design_outside_the_repository_runs_by_module_path(pytester, site, tmp
     results = tmp_path / "results.json"
     outcome = run_suite(pytester, "--impl", OUTSIDE, "--results", str(results), "-k", "test_batch_idx_restarts")
     assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
-    outcome.stdout.fnmatch_lines(["*conformance matrix*", "  mine: stock Lightning, defined outside*", "mine *2/0/0"])
+    outcome.stdout.fnmatch_lines(["*conformance matrix*", "*mine*", "C2 Items *2", "all clauses *2"])
+    assert printed("mine stock Lightning, defined outside the repository that holds the suite", outcome)
     assert _variants(results) == {"mine": {"passed"}}
     assert "mine" in json.loads(results.read_text())["designs"]
 
@@ -361,3 +367,45 @@ def test_a_missing_expected_failures_directory_is_an_error(pytester, tmp_path):
     outcome = run_suite(pytester, "--expected-failures", str(tmp_path / "nowhere"), "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     outcome.stderr.fnmatch_lines(["*--expected-failures *nowhere: no such directory; name the one that holds*"])
+
+
+# ------------------------------------------------------------------------------------------------ what the run prints
+def test_a_run_where_no_conformance_test_ran_prints_no_matrix(pytester):
+    # pytest --benchmark-only skips every conformance test: nothing ran, so there is no matrix to show
+    c01 = str(SUITE / "test_c01_selection.py")
+    skipped = run_suite(pytester, "--impl", "upstream", "--benchmark-only", targets=(c01,))
+    assert skipped.ret == pytest.ExitCode.OK
+    counts = skipped.parseoutcomes()
+    assert set(counts) == {"skipped"} and counts["skipped"] > 0
+    assert "conformance matrix" not in skipped.stdout.str()
+    # a run that collects no conformance test at all, with the plugin loaded as pyproject loads it
+    pytester.makepyfile(test_other="def test_other():\n    pass\n")
+    other = pytester.runpytest("-p", "tests.conformance.plugin", "-p", "no:cacheprovider")
+    other.assert_outcomes(passed=1)
+    assert "conformance matrix" not in other.stdout.str()
+
+
+def test_a_subset_prints_only_the_clauses_and_designs_that_ran(pytester):
+    outcome = run_suite(pytester, "--impl", "upstream,callback", "-k", "test_batch_idx_restarts and upstream")
+    assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
+    matrix = outcome.stdout.str().split("conformance matrix")[1]
+    rows = [line.split()[0] for line in matrix.splitlines() if re.match(r"C\d+ |all clauses", line)]
+    assert rows == ["C2", "all"]
+    assert "upstream" in matrix and "callback" not in matrix
+
+
+@pytest.mark.timeout(300)
+def test_failed_cells_are_red_unless_no_color_is_set(pytester, toy_design, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # pytest's writer colours output to a pipe only when asked to
+    monkeypatch.delenv("PY_COLORS", raising=False)
+    c03 = SUITE / "test_c03_exactly_once.py"
+    fixed_patterns = f"{c03}::test_fixed_patterns_receive_the_loader_sequence_every_epoch"
+    args = ("--impl", toy_design.name, "-k", "not unsized")
+    coloured = run_suite(pytester, *args, targets=(fixed_patterns,))
+    assert coloured.ret == pytest.ExitCode.TESTS_FAILED
+    red_bold = re.compile(r"\x1b\[31m\x1b\[1m *\d+ F\d+")  # the writer's markup for red=True, bold=True
+    assert red_bold.search(coloured.stdout.str()), coloured.stdout.str()[-3000:]
+    monkeypatch.setenv("NO_COLOR", "1")
+    plain = run_suite(pytester, *args, targets=(fixed_patterns,))
+    assert "\x1b[" not in plain.stdout.str().split("conformance matrix")[1]
+    plain.stdout.fnmatch_lines(["failed: C3 toy_dropping"])

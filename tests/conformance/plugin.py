@@ -12,7 +12,8 @@
   (``<file>::<test>[<params>]``) it explains; ``--expected-failures DIR`` is searched first (where a design
   outside this repository keeps its file). Entries become strict xfails; an id that matches no collected test
   is an error, and so is a listed test that passes.
-- At the end, a design x clause matrix of passed / expected-fail / failed; ``--results PATH`` writes JSON.
+- At the end, a clause x design matrix of passed / expected-fail / failed tests, at most 100 columns wide
+  (``terminal.py``); none when no conformance test ran. ``--results PATH`` writes the outcomes as JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import operator
 import os
 import platform
 import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from hypothesis import HealthCheck, settings
 
 from benchmarks.provenance import provenance
 from prototypes.common import Design
+from tests.conformance.terminal import write_matrix
 
 # Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
 # The `design` fixture is an immutable registry entry, so sharing it across examples is safe.
@@ -64,7 +66,6 @@ CLAUSES = {
     "C17": "Steps with work in flight",
     "C18": "Lightning's own features",
 }
-OUTCOMES = ("passed", "xfailed", "failed")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -347,43 +348,22 @@ class _State:
 _STATE = pytest.StashKey[_State]()
 
 
-def matrix(state: _State) -> dict[str, dict[str, Counter]]:
-    table: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
-    for nodeid, test in state.tests.items():
-        outcome = state.outcomes.get(nodeid)
-        if outcome is None:
-            continue
-        bucket = outcome if outcome in OUTCOMES else ("skipped" if outcome == "skipped" else "failed")
-        table[test["variant"]][test["clause"]][bucket] += 1
-    return table
+def outcomes(state: _State) -> list[dict]:
+    """Each conformance test that reported an outcome: what it is (design, variant, clause, ...) and its outcome."""
+    return [
+        dict(test, outcome=state.outcomes[nodeid])
+        for nodeid, test in sorted(state.tests.items(), key=lambda kv: (kv[1]["variant"], kv[1]["test_id"]))
+        if nodeid in state.outcomes
+    ]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
     state = config.stash[_STATE]
-    table = matrix(state)
-    if not table:
-        return
-    clauses = [c for c in CLAUSES if any(c in row for row in table.values())]
-    width = max(len(v) for v in table) + 2
-    write = terminalreporter.write_line
-    terminalreporter.section("conformance matrix: passed/expected-fail/failed per clause")
-    for name in sorted({t["design"] for t in state.tests.values()}):
-        write(f"  {name}: {state.summaries[name]}")
-    write("".ljust(width) + "".join(c.rjust(10) for c in clauses) + "     total")
-    for variant in sorted(table):
-        row, total = table[variant], Counter()
-        cells = []
-        for clause in clauses:
-            counts = row.get(clause, Counter())
-            total.update(counts)
-            cells.append(f"{counts['passed']}/{counts['xfailed']}/{counts['failed']}".rjust(10) if counts else "-".rjust(10))
-        flag = "  FAIL" if total["failed"] else ""
-        write(variant.ljust(width) + "".join(cells) + f"{total['passed']}/{total['xfailed']}/{total['failed']}".rjust(10) + flag)
-
+    write_matrix(terminalreporter, outcomes(state), CLAUSES, state.summaries)
     results_path = config.getoption("--results")
     if results_path:
         write_results(Path(results_path), state)
-        write(f"conformance results written to {results_path}")
+        terminalreporter.write_line(f"conformance results written to {results_path}")
 
 
 def run_setup() -> dict:
@@ -392,11 +372,7 @@ def run_setup() -> dict:
 
 
 def write_results(path: Path, state: _State) -> None:
-    results = [
-        dict(test, outcome=state.outcomes[nodeid])
-        for nodeid, test in sorted(state.tests.items(), key=lambda kv: (kv[1]["variant"], kv[1]["test_id"]))
-        if nodeid in state.outcomes
-    ]
+    results = outcomes(state)
     names = sorted({r["design"] for r in results})
     payload = dict(
         schema=1,

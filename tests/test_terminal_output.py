@@ -1,0 +1,105 @@
+"""The conformance matrix as the terminal shows it (``tests/conformance/terminal.py``), rendered from the committed
+``rfc/results/conformance.json`` and from results with more designs and clauses than any run has had yet."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.plugin import CLAUSES
+from tests.conformance.terminal import FAILED, plain, render_matrix
+
+COMMITTED = json.loads((Path(__file__).resolve().parent.parent / "rfc" / "results" / "conformance.json").read_text())
+SUMMARIES = {name: entry["summary"] for name, entry in COMMITTED["designs"].items()}
+
+
+def render(results: list[dict], width: int, summaries: dict[str, str] = SUMMARIES) -> list[str]:
+    return [plain(line) for line in render_matrix(results, COMMITTED["clauses"], summaries, width)]
+
+
+def rows(lines: list[str], label: str) -> list[list[str]]:
+    """The cells of every table row whose label starts with ``label`` (one per block of columns)."""
+    return [line[len(label):].split("  ") for line in lines if line.startswith(label)]
+
+
+def cell(counts: Counter) -> str:
+    return " ".join([str(counts["passed"])] + ([f"x{counts['xfailed']}"] if counts["xfailed"] else []))
+
+
+def identical_variants(results: list[dict]) -> list[list[str]]:
+    """Variants of one design grouped by their outcomes in every clause, in the results' order."""
+    groups: dict[tuple, list[str]] = {}
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        mine = [r for r in results if r["variant"] == variant]
+        outcomes = sorted(Counter((r["clause"], r["outcome"]) for r in mine).items())
+        groups.setdefault((mine[0]["design"], tuple(outcomes)), []).append(variant)
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_committed_matrix_fits_and_collapses_identical_variants(width):
+    results = COMMITTED["results"]
+    lines = render(results, width)
+    assert lines and max(map(len, lines)) <= width
+    groups = identical_variants(results)
+    assert any(len(group) > 1 for group in groups)  # the committed run has variants with identical outcomes
+    header = next(line for line in lines if "batch_processor" in line and "upstream" in line)
+    assert len(header.split()) == len(groups)  # a column per group
+    legend = " ".join(" ".join(lines).split())
+    for group in (g for g in groups if len(g) > 1):
+        design = group[0].split("[")[0]
+        assert f"{design}: " + ", ".join(v[len(design) + 1 : -1] for v in group) in legend
+    for clause in {r["clause"] for r in results}:
+        assert len(rows(lines, f"{clause} ")) == 1, clause
+    # every column's total is its own tests' counts
+    totals = [c.strip() for c in rows(lines, "all clauses")[0] if c.strip()]
+    assert totals == [cell(Counter(r["outcome"] for r in results if r["variant"] == group[0])) for group in groups]
+
+
+def _many(designs: int, clauses: int) -> tuple[list[dict], dict[str, str], dict[str, str]]:
+    titles = {f"C{n}": f"a clause with a rather long title, number {n}" for n in range(1, clauses + 1)}
+    names = [f"design_with_a_long_name_{n}" for n in range(designs)]
+    results = [dict(design=name, variant=name, clause=clause, outcome="xfailed" if (i + j) % 7 == 0 else "passed")
+               for i, name in enumerate(names) for j, clause in enumerate(titles)]
+    return results, titles, {name: f"summary of {name} " * 6 for name in names}
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_any_number_of_designs_and_clauses_fits_in_blocks_of_columns(width):
+    results, titles, summaries = _many(designs=14, clauses=40)
+    lines = [plain(line) for line in render_matrix(results, titles, summaries, width)]
+    assert max(map(len, lines)) <= width
+    blocks = rows(lines, "all clauses")
+    assert len(blocks) > 1  # 14 columns do not fit beside the clause titles in one table
+    assert sum(len([c for c in block if c.strip()]) for block in blocks) == 14
+    for n in range(14):  # each column's header names its design in full, broken over lines where it is too wide
+        assert re.search(rf"(?<!\w)long_name_{n}\b", "\n".join(lines)), n
+    assert all(len(rows(lines, f"{clause} ")) == len(blocks) for clause in titles)
+
+
+def test_failed_cells_are_marked_and_named():
+    results = [dict(r) for r in COMMITTED["results"]]
+    broken = next(r for r in results if r["variant"] == "prefetcher[depth=2]" and r["clause"] == "C3")
+    broken["outcome"] = "failed"
+    lines = render_matrix(results, COMMITTED["clauses"], SUMMARIES, 100)
+    marked = [text.strip() for line in lines for text, markup in line if markup == FAILED]
+    c3 = Counter(r["outcome"] for r in results if r["variant"] == "prefetcher[depth=2]" and r["clause"] == "C3")
+    assert f"{c3['passed']} F1" in marked  # the clause's cell
+    assert plain(lines[-1]) == "failed: C3 prefetcher[depth=2]"
+    # the variant that failed has a column of its own; the others still share one
+    assert "depth=2" in next(plain(line) for line in lines if plain(line).lstrip().startswith("4 variants"))
+    assert not [text for line in render_matrix(COMMITTED["results"], CLAUSES, SUMMARIES, 100)
+                for text, markup in line if markup == FAILED]
+
+
+def test_only_what_ran_is_shown_and_nothing_when_nothing_ran():
+    subset = [r for r in COMMITTED["results"] if r["clause"] == "C4" and r["design"] in ("upstream", "callback")]
+    lines = render(subset, 80)
+    assert [line.split()[0] for line in lines if re.match(r"C\d+ |all clauses", line)] == ["C4", "all"]
+    assert not [line for line in lines if "prefetcher" in line or "batch_processor" in line]
+    skipped = [dict(r, outcome="skipped") for r in COMMITTED["results"]]
+    assert render(skipped, 100) == [] and render([], 100) == []
