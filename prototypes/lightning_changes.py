@@ -80,7 +80,8 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         raise NotImplementedError
 
     def _draining(self) -> contextlib.AbstractContextManager:
-        """What the design keeps while it drains (the window rule of C17, the last call's batch count)."""
+        """What the design keeps while it drains: the window rule of C17, and the last call's batch count (after the
+        drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
         raise NotImplementedError
 
     def _drain_if_the_data_ended(self, last_call_saw_end: bool) -> None:
@@ -95,15 +96,25 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             drain(self.trainer, self._drain_call)
 
     def _drain_call(self) -> bool:
-        """One drain call: no batch, so no batch hooks; logging, optimisation and schedulers as for any step call."""
+        """One drain call: no batch, so no batch hooks and no batch progress.
+
+        A call that steps an optimizer (it trained a held batch) is a step of the loop: the step schedulers advance
+        and what it logged reaches the loggers at a logging step of its own. A call that steps none (it only saw the
+        end) leaves no trace: no logger row, no step counted.
+        """
         trainer = self.trainer
         steps_before = trainer.global_step
         trainer._logger_connector.on_batch_start(None)
         saw_end = self._run_drain_call()
         trainer._logger_connector.on_batch_end()
-        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
+        if trainer.global_step > steps_before:
+            # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
+            # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
+            # the epoch's last batch. Counting the call before this one now gives this call's row a step of its own
+            # instead of the previous row's; `on_advance_end` then counts the last call that stepped.
+            self._batches_that_stepped += 1
             self.update_lr_schedulers("step", update_plateau_schedulers=False)
-        trainer._logger_connector.update_train_step_metrics()
+            trainer._logger_connector.update_train_step_metrics()
         return saw_end
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls

@@ -172,11 +172,12 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
         fetcher = self._prefetching()
-        fetcher.draining = True
+        consumed, fetcher.draining = fetcher.consumed_in_step, True
         try:
             yield
         finally:
-            fetcher.draining = False
+            # the validation interval looks at the batches of the call that took the last one, not a drain call's
+            fetcher.consumed_in_step, fetcher.draining = consumed, False
 
     def _run_drain_call(self) -> bool:
         trainer, fetcher = self.trainer, self._prefetching()
