@@ -174,8 +174,10 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             self._step_iterator = None
 
     def step_batch_size(self) -> int:
-        """Samples the current step call consumed (before its first next(): the batch it will get)."""
-        batches = self.step_batches or ([self._batch] if self._batch is not None else [])
+        """Samples the current step call consumed (before its first next(): the batch it will get; a drain call gets
+        none, so 1, Lightning's fallback)."""
+        will_get = [self._batch] if self._batch is not None and not self.draining else []
+        batches = self.step_batches or will_get
         return sum(extract_batch_size(batch) for batch in batches) if batches else 1
 
     def _peek_on_every_rank(self) -> _Produced | None:
