@@ -140,13 +140,12 @@ def logged_step_rows(log_dir) -> list[tuple[int, int, float]]:
 
 
 # (the step, the progress bar's count after each of an epoch's step calls with a batch): a pipelining step's first call
-# pulls two batches
+# pulls two batches. The steps pass batch_size= (what C10 lets them omit): this is about what reaches the logger.
+LOGGED = dict(log_metrics=True, log_batch_size=2)
 STEPS_WITH_DRAIN_CALLS = [
-    pytest.param(lambda automatic: IterStepModule((1,), automatic=automatic, log_metrics=True), [1, 2, 3, 4, 5],
-                 id="simple"),
-    pytest.param(lambda automatic: AsyncHandleModule(automatic=automatic, log_metrics=True), [2, 3, 4, 5],
-                 id="async-handle"),
-    pytest.param(lambda automatic: TrainPipelineModule(automatic=automatic, log_metrics=True), [2, 3, 4, 5],
+    pytest.param(lambda automatic: IterStepModule((1,), automatic=automatic, **LOGGED), [1, 2, 3, 4, 5], id="simple"),
+    pytest.param(lambda automatic: AsyncHandleModule(automatic=automatic, **LOGGED), [2, 3, 4, 5], id="async-handle"),
+    pytest.param(lambda automatic: TrainPipelineModule(automatic=automatic, **LOGGED), [2, 3, 4, 5],
                  id="train-pipeline"),
 ]
 
@@ -171,10 +170,11 @@ def test_drain_calls_log_and_count_as_the_regular_flavour(
     regular = RegularStepModule(automatic=automatic, log_metrics=True)
     stock = stock_trainer(max_epochs=2, logger=CSVLogger(tmp_path / "regular"), log_every_n_steps=every_n_steps)
     stock.fit(regular, make_loader(kind, n_items=N_ITEMS))
-    assert logged_step_rows(tmp_path / "flavour") == logged_step_rows(tmp_path / "regular"), (
-        "(step, epoch, value) rows of the CSV logger; a repeated step is a drain call logging the previous row again"
-    )
+    rows, regular_rows = logged_step_rows(tmp_path / "flavour"), logged_step_rows(tmp_path / "regular")
+    assert rows == regular_rows, f"(step, epoch, value) rows of the CSV logger:\n  got:     {rows}\n  regular: {regular_rows}"
     assert trainer.global_step == stock.global_step == module.optimizer_steps_taken()
-    assert bar.counts == [*bar_per_epoch, ("epoch end", N_ITEMS // 2)] * 2, (
-        "the progress bar's count after each batch-end hook and at each epoch end"
+    expected_bar = [*bar_per_epoch, ("epoch end", N_ITEMS // 2)] * 2
+    assert bar.counts == expected_bar, (
+        f"the progress bar's count after each batch-end hook and at each epoch end:\n  got:      {bar.counts}\n"
+        f"  expected: {expected_bar}"
     )
