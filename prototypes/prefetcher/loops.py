@@ -26,6 +26,7 @@ from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
     ManualOptimizationSeesStopIteration,
+    PredictionWriterSeesStepCalls,
     StockProfilerActions,
     supply_log_batch_size,
 )
@@ -294,7 +295,7 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
         # on_validation_start) must leave the step shadowed for the rest of the outer run.
         outer_run_shadows = self.step_name in vars(strategy)
         if not outer_run_shadows:
-            setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
+            setattr(strategy, self.step_name, functools.partial(_step_call, self, getattr(strategy, self.step_name)))
         try:
             return super().run()  # type: ignore[misc]
         finally:
@@ -303,19 +304,26 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
             if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
                 self._data_fetcher.stop()  # Why: the prefetch thread must not outlive the evaluation run
 
+    def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
+        """After each step call, before its batch-end hooks; ``consumed``: the ``batch_idx`` of each batch it took."""
 
-def _step_call(step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwargs: Any) -> Any:
+
+def _step_call(
+    loop: _PrefetchingEvaluationSteps, step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwargs: Any
+) -> Any:
     """An evaluation step call: the StopIteration at the end of its dataloader ends the call (returning None)."""
     if not isinstance(dataloader_iter, _StepIterator):
         return step(dataloader_iter, *args, **kwargs)
     fetcher = dataloader_iter._fetcher
     try:
-        return step(dataloader_iter, *args, **kwargs)
+        output = step(dataloader_iter, *args, **kwargs)
     except StopIteration:
         fetcher.step_stopped()
-        return None
+        output = None
     finally:
         fetcher.close_step()
+    loop._on_step_returned(output, dataloader_iter.dataloader_idx, fetcher.step_batch_indices, fetcher.cut_short)
+    return output
 
 
 class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSteps, _EvaluationLoop):
@@ -324,7 +332,9 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
         return "test_step" if self.trainer.testing else "validation_step"
 
 
-class _PrefetchingPredictionLoop(StockProfilerActions, _PrefetchingEvaluationSteps, _PredictionLoop):
+class _PrefetchingPredictionLoop(
+    StockProfilerActions, PredictionWriterSeesStepCalls, _PrefetchingEvaluationSteps, _PredictionLoop
+):
     step_name = "predict_step"
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
