@@ -83,7 +83,9 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
         accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
         try:
-            outputs = super().run(optimizer, batch_idx, kwargs)
+            outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.draining else super().run(
+                optimizer, batch_idx, kwargs
+            )
         except StopIteration:
             fetcher.step_stopped()
             # Why: the step's next() found the end of the data, aborting the closure (and with it the optimizer
@@ -105,6 +107,18 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             loss, self.window_loss = self.window_loss, None
             self._optimizer_step(batch_idx, lambda: loss)
         return outputs
+
+    def _drain_call(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> dict:
+        """A drain call (C17), a window of its own: the step runs first, and only a call that computed a loss
+        reaches the optimizer. Why: Lightning enters the `optimizer_step` hook (which a user may override) before
+        the step runs, so a drain call that only sees the end would run it and leave that trace."""
+        closure = self._make_closure(kwargs, optimizer, batch_idx)
+        closure()
+        result = closure.consume_result()
+        if result.loss is None:
+            return {}
+        self._optimizer_step(batch_idx, lambda: result.loss)  # the mixed-precision plugins read the closure's loss
+        return result.asdict()
 
     def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
         fetcher = self.trainer.fit_loop._data_fetcher
