@@ -171,7 +171,9 @@ def test_drain_calls_log_and_count_as_the_regular_flavour(
     stock = stock_trainer(max_epochs=2, logger=CSVLogger(tmp_path / "regular"), log_every_n_steps=every_n_steps)
     stock.fit(regular, make_loader(kind, n_items=N_ITEMS))
     rows, regular_rows = logged_step_rows(tmp_path / "flavour"), logged_step_rows(tmp_path / "regular")
-    assert rows == regular_rows, f"(step, epoch, value) rows of the CSV logger:\n  got:     {rows}\n  regular: {regular_rows}"
+    assert rows == regular_rows, (
+        f"(step, epoch, value) rows of the CSV logger:\n  got:     {rows}\n  regular: {regular_rows}"
+    )
     assert trainer.global_step == stock.global_step == module.optimizer_steps_taken()
     expected_bar = [*bar_per_epoch, ("epoch end", N_ITEMS // 2)] * 2
     assert bar.counts == expected_bar, (

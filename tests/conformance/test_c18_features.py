@@ -322,7 +322,7 @@ class KeptPredictionsPastTheGuard(KeptPredictions):
 
 
 class IterStepPredictions(IterStepModule):
-    """``predict_step(self, dataloader_iter)`` taking ``pattern[0]`` batches per call; the prediction is the item ids."""
+    """``predict_step(self, dataloader_iter)`` taking ``pattern[0]`` batches per call, predicting their item ids."""
 
     def __init__(self, pattern) -> None:
         super().__init__(pattern)
