@@ -17,7 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_fabric.utilities.types import _Stateful
+from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
@@ -80,7 +83,8 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         raise NotImplementedError
 
     def _draining(self) -> contextlib.AbstractContextManager:
-        """What the design keeps while it drains (the window rule of C17, the last call's batch count)."""
+        """What the design keeps while it drains: the window rule of C17, and the last call's batch count (after the
+        drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
         raise NotImplementedError
 
     def _drain_if_the_data_ended(self, last_call_saw_end: bool) -> None:
@@ -95,15 +99,25 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             drain(self.trainer, self._drain_call)
 
     def _drain_call(self) -> bool:
-        """One drain call: no batch, so no batch hooks; logging, optimisation and schedulers as for any step call."""
+        """One drain call: no batch, so no batch hooks and no batch progress.
+
+        A call that steps an optimizer (it trained a held batch) is a step of the loop: the step schedulers advance
+        and what it logged reaches the loggers at a logging step of its own. A call that steps none (it only saw the
+        end) leaves no trace: no logger row, no step counted.
+        """
         trainer = self.trainer
         steps_before = trainer.global_step
         trainer._logger_connector.on_batch_start(None)
         saw_end = self._run_drain_call()
         trainer._logger_connector.on_batch_end()
-        if trainer.global_step > steps_before:  # a call that only saw the end stepped no optimizer
+        if trainer.global_step > steps_before:
+            # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
+            # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
+            # the epoch's last batch. Counting the call before this one now gives this call's row a step of its own
+            # instead of the previous row's; `on_advance_end` then counts the last call that stepped.
+            self._batches_that_stepped += 1
             self.update_lr_schedulers("step", update_plateau_schedulers=False)
-        trainer._logger_connector.update_train_step_metrics()
+            trainer._logger_connector.update_train_step_metrics()
         return saw_end
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
@@ -260,6 +274,47 @@ class ManualOptimizationSeesStopIteration(_ManualOptimization):
             return super().run(kwargs)
         except _StepRaisedStopIteration as carried:
             raise carried.__cause__ from None
+
+
+# ----------------------------------------------------------------------- [RFC 15] the prediction writer
+class PredictionWriterSeesStepCalls:
+    """A prediction loop's record of what ``BasePredictionWriter`` reads, kept per step call when the step pulls
+    batches.
+
+    Lightning records the sample indices of each batch for the writers only in the regular flavour:
+    ``current_batch_indices`` (read by ``write_on_batch_end``) and ``epoch_batch_indices`` (read by
+    ``write_on_epoch_end`` beside the predictions, which it keeps then even without ``return_predictions``). Here a
+    step call is the unit a batch is there: its indices are those of the batches it consumed, in order, and a call
+    cut short by ``StopIteration`` (no prediction) has no entry. A design calls :meth:`_on_step_returned` after
+    each step call, before its batch-end hooks.
+    """
+
+    trainer: pl.Trainer
+    current_batch_indices: list[int]
+    epoch_batch_indices: list[list[list[int]]]
+    _predictions: list[list[Any]]
+    _return_predictions: bool
+    _combined_loader: CombinedLoader | None
+
+    def _on_step_returned(self, prediction: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
+        """``consumed``: the ``batch_idx`` of each batch the call took from dataloader ``dataloader_idx``."""
+        writers = [callback for callback in self.trainer.callbacks if isinstance(callback, BasePredictionWriter)]
+        if not writers:  # Why: as Lightning, ask for the indices only for a writer (it warns when there are none)
+            return
+        seen = self._seen_indices(dataloader_idx)
+        if seen:
+            self.current_batch_indices = [i for batch_idx in consumed for i in seen[batch_idx]]
+        if cut_short or not any(writer.interval.on_epoch for writer in writers):
+            return
+        if seen:
+            self.epoch_batch_indices[dataloader_idx].append(self.current_batch_indices)
+        if not self._return_predictions:  # with return_predictions the loop keeps them already
+            self._predictions[dataloader_idx].append(move_data_to_device(prediction, torch.device("cpu")))
+
+    def _seen_indices(self, dataloader_idx: int) -> list[list[int]]:
+        """Each batch's sample indices so far (empty, with Lightning's warning, when the loader cannot tell them)."""
+        assert self._combined_loader is not None
+        return self._get_batch_indices(self._combined_loader.flattened[dataloader_idx])  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------- installing a design's loops

@@ -24,7 +24,7 @@ from prototypes.common import (
     takes_dataloader_iter,
     transfer_batch,
 )
-from prototypes.lightning_changes import StockProfilerActions
+from prototypes.lightning_changes import PredictionWriterSeesStepCalls, StockProfilerActions
 
 
 class _EvaluationStepsPullBatches:
@@ -79,6 +79,7 @@ class _EvaluationStepsPullBatches:
                 dataloader_iter.close()
             for _ in handed_out:
                 progress.increment_processed()
+            self._on_step_returned(output, dataloader_idx, [batch_idx for _, batch_idx, _ in handed_out], cut_short)
 
             if handed_out:
                 batch, batch_idx, _ = handed_out[-1]
@@ -96,6 +97,9 @@ class _EvaluationStepsPullBatches:
 
     def _on_step_start(self, batch: Any, hook_dataloader_idx: int | None) -> None:
         pass
+
+    def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
+        """After each step call, before its batch-end hooks; ``consumed``: the ``batch_idx`` of each batch it took."""
 
     def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
         pass
@@ -142,7 +146,9 @@ class IteratorEvaluationLoop(StockProfilerActions, _EvaluationStepsPullBatches, 
             raise SIGTERMException
 
 
-class IteratorPredictionLoop(StockProfilerActions, _EvaluationStepsPullBatches, _PredictionLoop):
+class IteratorPredictionLoop(
+    StockProfilerActions, PredictionWriterSeesStepCalls, _EvaluationStepsPullBatches, _PredictionLoop
+):
     """Lightning's prediction loop; runs the steps itself when ``predict_step`` pulls batches."""
 
     def run(self) -> Any:

@@ -83,6 +83,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
         self.no_progress = NoProgressGuard(self.hook_name)
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
+        self.step_batch_indices: list[int] = []  # and their batch_idx: a prediction writer's indices come from them
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._agreed_head: _Produced | None = None  # the head every rank has a batch for
@@ -138,7 +139,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.step_calls += 1
         self.consumed_in_step = 0
         self.cut_short = False
-        self.step_batches = []
+        self.step_batches, self.step_batch_indices = [], []
         self._step_iterator = _StepIterator(self, self._dataloader_idx)
         return self._step_iterator
 
@@ -158,6 +159,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.loader_states = head.loader_states
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
         self.step_batches.append(head.batch)
+        self.step_batch_indices.append(head.batch_idx)
         self.progress.count_consumed()
         return head.batch, head.batch_idx, head.dataloader_idx
 
@@ -174,8 +176,10 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             self._step_iterator = None
 
     def step_batch_size(self) -> int:
-        """Samples the current step call consumed (before its first next(): the batch it will get)."""
-        batches = self.step_batches or ([self._batch] if self._batch is not None else [])
+        """Samples the current step call consumed (before its first next(): the batch it will get; a drain call gets
+        none, so 1, Lightning's fallback)."""
+        will_get = [self._batch] if self._batch is not None and not self.draining else []
+        batches = self.step_batches or will_get
         return sum(extract_batch_size(batch) for batch in batches) if batches else 1
 
     def _peek_on_every_rank(self) -> _Produced | None:

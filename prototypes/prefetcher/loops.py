@@ -26,6 +26,7 @@ from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
     ManualOptimizationSeesStopIteration,
+    PredictionWriterSeesStepCalls,
     StockProfilerActions,
     supply_log_batch_size,
 )
@@ -82,7 +83,9 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
         accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
         try:
-            outputs = super().run(optimizer, batch_idx, kwargs)
+            outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.draining else super().run(
+                optimizer, batch_idx, kwargs
+            )
         except StopIteration:
             fetcher.step_stopped()
             # Why: the step's next() found the end of the data, aborting the closure (and with it the optimizer
@@ -104,6 +107,18 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             loss, self.window_loss = self.window_loss, None
             self._optimizer_step(batch_idx, lambda: loss)
         return outputs
+
+    def _drain_call(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> dict:
+        """A drain call (C17), a window of its own: the step runs first, and only a call that computed a loss
+        reaches the optimizer. Why: Lightning enters the `optimizer_step` hook (which a user may override) before
+        the step runs, so a drain call that only sees the end would run it and leave that trace."""
+        closure = self._make_closure(kwargs, optimizer, batch_idx)
+        closure()
+        result = closure.consume_result()
+        if result.loss is None:
+            return {}
+        self._optimizer_step(batch_idx, lambda: result.loss)  # the mixed-precision plugins read the closure's loss
+        return result.asdict()
 
     def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
         fetcher = self.trainer.fit_loop._data_fetcher
@@ -172,11 +187,12 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
         fetcher = self._prefetching()
-        fetcher.draining = True
+        consumed, fetcher.draining = fetcher.consumed_in_step, True
         try:
             yield
         finally:
-            fetcher.draining = False
+            # the validation interval looks at the batches of the call that took the last one, not a drain call's
+            fetcher.consumed_in_step, fetcher.draining = consumed, False
 
     def _run_drain_call(self) -> bool:
         trainer, fetcher = self.trainer, self._prefetching()
@@ -293,7 +309,7 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
         # on_validation_start) must leave the step shadowed for the rest of the outer run.
         outer_run_shadows = self.step_name in vars(strategy)
         if not outer_run_shadows:
-            setattr(strategy, self.step_name, functools.partial(_step_call, getattr(strategy, self.step_name)))
+            setattr(strategy, self.step_name, functools.partial(_step_call, self, getattr(strategy, self.step_name)))
         try:
             return super().run()  # type: ignore[misc]
         finally:
@@ -302,19 +318,26 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
             if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
                 self._data_fetcher.stop()  # Why: the prefetch thread must not outlive the evaluation run
 
+    def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
+        """After each step call, before its batch-end hooks; ``consumed``: the ``batch_idx`` of each batch it took."""
 
-def _step_call(step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwargs: Any) -> Any:
+
+def _step_call(
+    loop: _PrefetchingEvaluationSteps, step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwargs: Any
+) -> Any:
     """An evaluation step call: the StopIteration at the end of its dataloader ends the call (returning None)."""
     if not isinstance(dataloader_iter, _StepIterator):
         return step(dataloader_iter, *args, **kwargs)
     fetcher = dataloader_iter._fetcher
     try:
-        return step(dataloader_iter, *args, **kwargs)
+        output = step(dataloader_iter, *args, **kwargs)
     except StopIteration:
         fetcher.step_stopped()
-        return None
+        output = None
     finally:
         fetcher.close_step()
+    loop._on_step_returned(output, dataloader_iter.dataloader_idx, fetcher.step_batch_indices, fetcher.cut_short)
+    return output
 
 
 class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSteps, _EvaluationLoop):
@@ -323,7 +346,9 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
         return "test_step" if self.trainer.testing else "validation_step"
 
 
-class _PrefetchingPredictionLoop(StockProfilerActions, _PrefetchingEvaluationSteps, _PredictionLoop):
+class _PrefetchingPredictionLoop(
+    StockProfilerActions, PredictionWriterSeesStepCalls, _PrefetchingEvaluationSteps, _PredictionLoop
+):
     step_name = "predict_step"
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:

@@ -24,9 +24,11 @@ from typing import Any
 from unittest import mock
 
 from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 
+from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
 import prototypes.common as common
@@ -250,6 +252,37 @@ def _foreign_stop_ends_the_call(self: Any) -> None:
     self.cut_short = True
 
 
+def _drain_call_logging_every_call(self: Any) -> bool:
+    """A drain call that hands the loggers the last values after every call, at the previous call's logging step."""
+    connector = self.trainer._logger_connector
+    connector.on_batch_start(None)
+    saw_end = self._run_drain_call()
+    connector.on_batch_end()
+    connector.update_train_step_metrics()
+    return saw_end
+
+
+@contextlib.contextmanager
+def _draining_forgetting_the_last_call(self: Any) -> Iterator[None]:
+    fetcher = self._prefetching()
+    fetcher.draining = True
+    try:
+        yield
+    finally:
+        fetcher.draining = False  # the drain calls' batch count (none) stays: the last call's is lost
+
+
+def _drain_call_as_any_call(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
+    return _AutomaticOptimization.run(self, optimizer, batch_idx, kwargs)
+
+
+def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+    def method(self: Any, prediction: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
+        original(self, prediction, dataloader_idx, consumed[-1:], cut_short)
+
+    return method
+
+
 # --------------------------------------------------------------------------------------------------- the catalogue
 C01 = "test_c01_selection.py::"
 C02 = "test_c02_items.py::"
@@ -342,6 +375,10 @@ CATALOGUE: tuple[Defect, ...] = (
            "validates only when the batch count lands on a multiple of `val_check_interval`",
            (prefetch_loops._PrefetchingEpochLoop, "_should_check_val_fx"), _validates_on_multiples_only,
            (C07 + "test_val_check_interval_counts_batches",)),
+    Defect("drain_forgets_the_last_calls_batches", "C7", "prefetcher",
+           "forgets in its drain calls how many batches the epoch's last step call took, so a validation due there is"
+           " lost", (prefetch_loops._PrefetchingEpochLoop, "_draining"), _instead(_draining_forgetting_the_last_call),
+           (C07 + "test_val_check_interval_counts_batches_of_any_loader",), "across-epochs and " + SIZED),
     # C8 Hooks
     Defect("stale_start_hook_batch", "C8", "prefetcher",
            "gives `on_train_batch_start` the previous step's batch (stock Lightning's behaviour)",
@@ -444,6 +481,10 @@ CATALOGUE: tuple[Defect, ...] = (
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self: None),
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
+    Defect("drain_call_logs_again", "C17", "batch_processor",
+           "writes the epoch's last logger row again in a drain call that trains nothing, and a held batch's at the"
+           " previous row's step", (_EpochLoop, "_drain_call"), _instead(_drain_call_logging_every_call),
+           (C17 + "test_drain_calls_log_and_count_as_the_regular_flavour",), "automatic-1"),
     # C18 Lightning's own features
     Defect("lr_finder_counts_batches", "C18", "batch_processor",
            "lets the LR finder read `batch_idx` in batches, as stock Lightning's loop reports it",
@@ -453,5 +494,13 @@ CATALOGUE: tuple[Defect, ...] = (
            "runs the transfer hooks on its thread without recording them in the profiler",
            (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
+    Defect("drain_call_enters_optimizer_step", "C18", "prefetcher",
+           "enters the `optimizer_step` hook in a drain call before the step runs, even when it trains nothing",
+           (prefetch_loops._StepCallAutomaticOptimization, "_drain_call"), _instead(_drain_call_as_any_call),
+           (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
+    Defect("writer_gets_the_last_batchs_indices", "C18", "batch_processor",
+           "gives a prediction writer the sample indices of a step call's last batch only",
+           (bp_evaluation.IteratorPredictionLoop, "_on_step_returned"), _writer_indices_of_the_last_batch,
+           (C18 + "test_prediction_writer_gets_each_step_calls_predictions_and_indices",), "2 and sized"),
 )
 

@@ -294,6 +294,7 @@ class RecordingModule(pl.LightningModule):
         automatic: bool = True,
         wrap_transfer: bool = False,
         log_metrics: bool = False,
+        log_batch_size: int | None = None,
         stop_epoch_at_step: int | None = None,
     ) -> None:
         super().__init__()
@@ -303,6 +304,7 @@ class RecordingModule(pl.LightningModule):
         self.automatic_optimization = automatic
         self.wrap_transfer = wrap_transfer
         self.log_metrics = log_metrics
+        self.log_batch_size = log_batch_size  # passed as self.log's batch_size=; None: the design infers it (C10)
         self.stop_epoch_at_step = stop_epoch_at_step
         self.record = Record()
         self.step_calls = 0
@@ -326,8 +328,9 @@ class RecordingModule(pl.LightningModule):
     def finish_step(self, batches: list[Any]) -> Any:
         loss = self.loss_of(batches)
         if self.log_metrics and batches:
-            # no batch_size=: the design must infer it from what the step consumed (C10)
-            self.log("step_ids_sum", float(sum(sum(ids(b)) for b in batches)), on_step=True, on_epoch=True)
+            # by default no batch_size=: the design must infer it from what the step consumed (C10)
+            value = float(sum(sum(ids(b)) for b in batches))
+            self.log("step_ids_sum", value, on_step=True, on_epoch=True, batch_size=self.log_batch_size)
         if self.automatic_optimization or loss is None:
             return loss
         optimizer = self.optimizers()

@@ -215,6 +215,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(state, "conformance-outcomes")
 
 
+def selected_designs(config: pytest.Config) -> list[Design]:
+    """The designs (and variants) this run checks, in ``--impl`` order: for tests that compare designs."""
+    return list(config.stash[_STATE].designs)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "design" in metafunc.fixturenames and _is_conformance(metafunc.definition.path):
         designs = metafunc.config.stash[_STATE].designs

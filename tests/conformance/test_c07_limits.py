@@ -16,6 +16,7 @@ from tests.conformance.harness import (
     make_trainer,
     split_by_pattern,
 )
+from tests.conformance.pipelining import AsyncHandleModule, TrainPipelineModule
 
 pytestmark = pytest.mark.clause("C7")
 
@@ -58,14 +59,17 @@ def test_max_epochs_restarts_the_iterator(design, kind):
     assert module.record.received_in_epochs() == [expected] * 3
 
 
-def expected_validations(pattern, n_batches, interval, epochs):
-    """(epoch, batches consumed in the epoch) at each step boundary that reaches a multiple of ``interval``."""
-    points = []
+def expected_validations(pattern, n_batches, interval, epochs, across_epochs=False):
+    """(epoch, batches consumed in the epoch) at each step boundary where the batches counted reach a multiple of
+    ``interval``: the epoch's batches, or with ``across_epochs`` (``check_val_every_n_epoch=None``) the run's."""
+    points, counted = [], 0
     for epoch in range(epochs):
         boundary = 0
+        if not across_epochs:
+            counted = 0
         for group in split_by_pattern(range(n_batches), pattern):
-            previous, boundary = boundary, boundary + len(group)
-            if boundary // interval > previous // interval:
+            previous, counted, boundary = counted, counted + len(group), boundary + len(group)
+            if counted // interval > previous // interval:
                 points.append((epoch, boundary))
     return points
 
@@ -77,6 +81,61 @@ def test_val_check_interval_counts_batches(design, interval, pattern):
     trainer = make_trainer(design, val_check_interval=interval, limit_val_batches=1, max_epochs=2)
     trainer.fit(module, make_loader("sized", n_items=16), make_loader("sized", n_items=2))
     assert module.record.validations == expected_validations(pattern, 8, interval, epochs=2)
+
+
+EVERY_N_EPOCHS = [pytest.param(1, id="in-epoch"), pytest.param(None, id="across-epochs")]
+
+
+@pytest.mark.parametrize("interval", [3, 5])
+@pytest.mark.parametrize("pattern", [(1,), (2,), (3,), (1, 2)], ids=str)
+@pytest.mark.parametrize("every_n_epochs", EVERY_N_EPOCHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_val_check_interval_counts_batches_of_any_loader(design, kind, every_n_epochs, pattern, interval):
+    # 8 batches per epoch: (3,) ends each epoch with a call cut short at the end of the data (no drain call), the
+    # others with a call that takes the last batch, then a drain call; the last boundary of an epoch (8) is a
+    # validation point in some cases (interval 3 across epochs: 15 is reached at 16)
+    module = IterStepModule(pattern)
+    trainer = make_trainer(
+        design, val_check_interval=interval, check_val_every_n_epoch=every_n_epochs, limit_val_batches=1, max_epochs=2
+    )
+    trainer.fit(module, make_loader(kind, n_items=16), make_loader("sized", n_items=2))
+    expected = expected_validations(pattern, 8, interval, epochs=2, across_epochs=every_n_epochs is None)
+    assert module.record.validations == expected, "(epoch, batches consumed in the epoch) at each validation"
+
+
+def _counting_consumed(pipeline):
+    class CountingConsumed(pipeline):
+        """Notes (epoch, batches consumed in the epoch, batches trained in the epoch) at each validation."""
+
+        def on_train_epoch_start(self) -> None:
+            super().on_train_epoch_start()
+            self.consumed_in_epoch = 0
+
+        def receive(self, batch):
+            self.consumed_in_epoch += 1
+            return super().receive(batch)
+
+        def on_validation_start(self) -> None:
+            self.record.validations.append((self.current_epoch, self.consumed_in_epoch, len(self.trained[-1])))
+
+    return CountingConsumed
+
+
+@pytest.mark.parametrize("interval", [2, 5])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pipeline", [AsyncHandleModule, TrainPipelineModule], ids=["async-handle", "train-pipeline"])
+def test_val_check_interval_with_held_batches(design, pipeline, kind, interval):
+    # A pipelining step consumes 2, 1, 1, 1 of an epoch's 5 batches and trains one call late: a validation at a
+    # boundary inside the epoch finds one batch held; one at the epoch's last boundary runs after the drain call
+    # that trained the held batch (C17), so it finds every consumed batch trained.
+    module = _counting_consumed(pipeline)()
+    trainer = make_trainer(
+        design, val_check_interval=interval, check_val_every_n_epoch=None, limit_val_batches=1, max_epochs=2
+    )
+    trainer.fit(module, make_loader(kind, n_items=10), make_loader("sized", n_items=2))
+    points = expected_validations((2, 1, 1, 1), 5, interval, epochs=2, across_epochs=True)
+    expected = [(epoch, consumed, consumed if consumed == 5 else consumed - 1) for epoch, consumed in points]
+    assert module.record.validations == expected, "(epoch, batches consumed, batches trained) at each validation"
 
 
 @pytest.mark.parametrize("kind", KINDS)

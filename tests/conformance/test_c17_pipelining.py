@@ -9,16 +9,23 @@ iterator. A simple step is entered at most once more, at whose first ``next()`` 
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import pytest
 import torch
+from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.loggers import CSVLogger
 
 from tests.conformance.harness import (
     LOADER_CASES,
     IterStepModule,
+    RegularStepModule,
     loader_sequence,
     make_loader,
     make_trainer,
     reference_weights,
+    stock_trainer,
 )
 from tests.conformance.pipelining import AsyncHandleModule, PipeliningModule, TrainPipelineModule
 
@@ -104,3 +111,72 @@ def test_drain_that_never_ends_is_an_error_naming_the_fix(design):
         make_trainer(design, max_epochs=1).fit(NeverLetsGo(), make_loader("sized", n_items=N_ITEMS))
     message = str(caught.value)
     assert "StopIteration" in message and "dataloader_iter" in message, message
+
+
+class BarCounts(TQDMProgressBar):
+    """Lightning's progress bar, noting its count after each batch-end hook and at each epoch end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: list = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self.counts.append(self.train_progress_bar.n)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        self.counts.append(("epoch end", self.train_progress_bar.n))
+
+
+def logged_step_rows(log_dir) -> list[tuple[int, int, float]]:
+    """(step, epoch, value) of every row the CSV logger wrote for the step-level metric, in order."""
+    (metrics_file,) = Path(log_dir).glob("**/metrics.csv")
+    with metrics_file.open() as rows:
+        return [
+            (int(row["step"]), int(row["epoch"]), float(row["step_ids_sum_step"]))
+            for row in csv.DictReader(rows) if row.get("step_ids_sum_step")
+        ]
+
+
+# (the step, the progress bar's count after each of an epoch's step calls with a batch): a pipelining step's first call
+# pulls two batches. The steps pass batch_size= (what C10 lets them omit): this is about what reaches the logger.
+LOGGED = dict(log_metrics=True, log_batch_size=2)
+STEPS_WITH_DRAIN_CALLS = [
+    pytest.param(lambda automatic: IterStepModule((1,), automatic=automatic, **LOGGED), [1, 2, 3, 4, 5], id="simple"),
+    pytest.param(lambda automatic: AsyncHandleModule(automatic=automatic, **LOGGED), [2, 3, 4, 5], id="async-handle"),
+    pytest.param(lambda automatic: TrainPipelineModule(automatic=automatic, **LOGGED), [2, 3, 4, 5],
+                 id="train-pipeline"),
+]
+
+
+@pytest.mark.parametrize("every_n_steps", [1, 2])
+@pytest.mark.parametrize("automatic", OPTIMISATION)
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("make_module,bar_per_epoch", STEPS_WITH_DRAIN_CALLS)
+def test_drain_calls_log_and_count_as_the_regular_flavour(
+    design, make_module, bar_per_epoch, kind, automatic, every_n_steps, tmp_path
+):
+    # Each of these steps trains one batch per optimizer step (the pipelining ones one call late, the last in a
+    # drain call), so a CSVLogger must hold the regular flavour's rows: one per logged optimizer step, the value of
+    # the batch trained at it. A drain call that trains nothing writes no row; one that trains its held batch
+    # writes it at its own step. The progress bar counts batches consumed and moves only in batch-end hooks.
+    module, bar = make_module(automatic), BarCounts()
+    trainer = make_trainer(
+        design, max_epochs=2, logger=CSVLogger(tmp_path / "flavour"), log_every_n_steps=every_n_steps,
+        enable_progress_bar=True, callbacks=[bar],
+    )
+    trainer.fit(module, make_loader(kind, n_items=N_ITEMS))
+    regular = RegularStepModule(automatic=automatic, log_metrics=True)
+    stock = stock_trainer(max_epochs=2, logger=CSVLogger(tmp_path / "regular"), log_every_n_steps=every_n_steps)
+    stock.fit(regular, make_loader(kind, n_items=N_ITEMS))
+    rows, regular_rows = logged_step_rows(tmp_path / "flavour"), logged_step_rows(tmp_path / "regular")
+    assert rows == regular_rows, (
+        f"(step, epoch, value) rows of the CSV logger:\n  got:     {rows}\n  regular: {regular_rows}"
+    )
+    assert trainer.global_step == stock.global_step == module.optimizer_steps_taken()
+    expected_bar = [*bar_per_epoch, ("epoch end", N_ITEMS // 2)] * 2
+    assert bar.counts == expected_bar, (
+        f"the progress bar's count after each batch-end hook and at each epoch end:\n  got:      {bar.counts}\n"
+        f"  expected: {expected_bar}"
+    )

@@ -12,7 +12,12 @@ from typing import Any
 import pytest
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import GradientAccumulationScheduler, StochasticWeightAveraging, ThroughputMonitor
+from pytorch_lightning.callbacks import (
+    BasePredictionWriter,
+    GradientAccumulationScheduler,
+    StochasticWeightAveraging,
+    ThroughputMonitor,
+)
 from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.profilers import AdvancedProfiler, SimpleProfiler
 from pytorch_lightning.tuner import Tuner
@@ -22,6 +27,7 @@ from tests.conformance.harness import (
     CountingSGD,
     IterStepModule,
     RegularStepModule,
+    ids,
     make_loader,
     make_trainer,
     stock_trainer,
@@ -256,11 +262,13 @@ TRAINING_BATCH_ACTIONS = (
 
 
 def _profiled_counts(profiler: Any, module: pl.LightningModule, report: str) -> dict[str, int | None]:
-    """Per training-batch action: how often it was recorded (None: never). The advanced profiler keeps no counts
-    and forgets its actions at teardown: its written report says which it profiled (1: present)."""
+    """Per action: how often it was recorded (None: never). The counting profiler tells every action it recorded,
+    so that a drain call can be seen to add none beyond the step's own (C17). The advanced profiler keeps no counts
+    and forgets its actions at teardown: its written report says which training-batch actions it profiled (1)."""
     names = [action.format(module=type(module).__name__) for action in TRAINING_BATCH_ACTIONS]
     if isinstance(profiler, SimpleProfiler):
-        return {name: len(profiler.recorded_durations[name]) or None for name in names}
+        recorded = {name: len(durations) for name, durations in profiler.recorded_durations.items() if durations}
+        return {**dict.fromkeys(names), **recorded}
     return {name: 1 if f"Profile stats for: {name}\n" in report else None for name in names}
 
 
@@ -283,4 +291,81 @@ def test_profiler_records_the_training_batches_actions(design, profiler_class, t
     if profiler_class is SimpleProfiler:  # a drain call (C17) is a step call: the step runs, and is profiled
         for per_call in ("[Strategy]SingleDeviceStrategy.training_step", "run_training_batch"):
             expected[per_call] += flavour.record.drain_calls
-    assert counts["flavour"] == expected
+    # the regular flavour's actions, each as often; one only the flavour records (a design's own callback) is its own
+    assert {action: counts["flavour"].get(action) for action in expected} == expected
+
+
+# ------------------------------------------------------------------------------------------------ the prediction writer
+class KeptPredictions(BasePredictionWriter):
+    """A prediction writer that keeps what it is given: per call of ``write_on_batch_end`` the prediction, the batch
+    indices, the batch's item ids and ``batch_idx``; from ``write_on_epoch_end`` the predictions and indices."""
+
+    def __init__(self, write_interval: str) -> None:
+        super().__init__(write_interval)
+        self.batches: list[tuple] = []
+        self.epoch: tuple | None = None
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append((prediction, list(batch_indices), ids(batch), batch_idx, dataloader_idx))
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+        self.epoch = (predictions, batch_indices)
+
+
+class KeptPredictionsPastTheGuard(KeptPredictions):
+    """The same writer with a ``setup`` of its own that does not call ``BasePredictionWriter.setup``, whose only
+    work is to refuse any module whose ``predict_step`` takes ``dataloader_iter``: Lightning's guard, which no
+    design can lift (``test_prediction_writer_accepts_the_flavour``). This writer checks the rest."""
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        pass
+
+
+class IterStepPredictions(IterStepModule):
+    """``predict_step(self, dataloader_iter)`` taking ``pattern[0]`` batches per call, predicting their item ids."""
+
+    def __init__(self, pattern) -> None:
+        super().__init__(pattern)
+        self.last_received: list[tuple] = []  # (ids, batch_idx) of each call's last batch
+
+    def predict_step(self, dataloader_iter):
+        prediction = []
+        for _ in range(self.pattern[0]):
+            batch, batch_idx, _ = next(dataloader_iter)
+            prediction += ids(batch)
+        self.last_received.append((ids(batch), batch_idx))
+        return prediction
+
+
+class RegularPredictions(RegularStepModule):
+    def predict_step(self, batch, batch_idx):
+        return list(ids(batch))
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("write_interval", ["batch", "batch_and_epoch"])
+@pytest.mark.parametrize("per_step", [1, 2])
+def test_prediction_writer_gets_each_step_calls_predictions_and_indices(design, per_step, write_interval, kind):
+    # A step call is the unit a batch is in the regular flavour: its prediction and the indices of every sample it
+    # consumed (an unsized loader has none to give, in either flavour), and on epoch end all of them, as the regular
+    # flavour gives them over batches of per_step times the size; batch and batch_idx are the end hook's (C15).
+    writer, regular_writer = KeptPredictionsPastTheGuard(write_interval), KeptPredictions(write_interval)
+    module = IterStepPredictions((per_step,))
+    make_trainer(design, callbacks=[writer]).predict(module, make_loader(kind, n_items=12), return_predictions=False)
+    stock_trainer(callbacks=[regular_writer]).predict(
+        RegularPredictions(), make_loader(kind, n_items=12, batch_size=BATCH_SIZE * per_step), return_predictions=False
+    )
+    got = [(prediction, indices) for prediction, indices, _, _, _ in writer.batches]
+    assert got == [(prediction, indices) for prediction, indices, _, _, _ in regular_writer.batches], (
+        "(prediction, batch_indices) of each write_on_batch_end"
+    )
+    assert [(batch, batch_idx) for _, _, batch, batch_idx, _ in writer.batches] == module.last_received, (
+        "write_on_batch_end's batch and batch_idx: the last batch its step call received (C15)"
+    )
+    assert writer.epoch == regular_writer.epoch, "write_on_epoch_end's predictions and batch_indices"
+
+
+def test_prediction_writer_accepts_the_flavour(design):
+    writer = KeptPredictions("batch")
+    make_trainer(design, callbacks=[writer]).predict(IterStepPredictions((1,)), make_loader("sized", n_items=4))
+    assert [prediction for prediction, *_ in writer.batches] == [[0, 1], [2, 3]]
