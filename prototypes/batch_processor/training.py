@@ -283,8 +283,12 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     # ---- checkpoints and resume
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
-        state_dict["step_calls"] = self._step_calls
-        state_dict["last_step_consumed"] = self._last_step_consumed
+        if self._steps_pull_batches():
+            # Why only for the flavour (C1): a regular module's checkpoint holds exactly what stock Lightning writes.
+            # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
+            # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
+            state_dict["step_calls"] = self._step_calls
+            state_dict["last_step_consumed"] = self._last_step_consumed
         return state_dict
 
     def on_load_checkpoint(self, state_dict: dict) -> None:
