@@ -136,6 +136,9 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         if self._undo_log_batch_size is not None:
             self._undo_log_batch_size()
             self._undo_log_batch_size = None
+        # Why: the look-ahead holds the run's loader iterator and callables bound to its fetcher, which a Trainer
+        # pickled after fit (C1) must not carry; a checkpoint saved now records the loaders' own (exhausted) state
+        self._batches = None
         super().teardown()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
