@@ -249,9 +249,9 @@ def _trim_stack(dump: str) -> str:
 
 # --------------------------------------------------------------------------------------------------- ddp_spawn
 # Under `strategy="ddp_spawn"` Lightning starts the ranks itself: it pickles the Trainer, the module and the loaders
-# into WORLD fresh processes (C1: a design's Trainer must pickle like stock's). Each rank reports through a callback;
-# the test process keeps the launch deadline with a timer. A spawned rank first imports torch and Lightning (5-10 s
-# on 2 busy cores), hence a longer deadline than the forked ranks above.
+# into WORLD new processes (C1: a design's Trainer must pickle like stock's). Each rank reports through a callback;
+# the test process keeps the launch deadline with a timer.
+# A spawned rank imports torch and Lightning itself (5-10 s on 2 busy cores), hence a longer deadline than above.
 SPAWN_DEADLINE_S = LAUNCH_DEADLINE_S + 30
 SPAWN_TEST_TIMEOUT_S = SPAWN_DEADLINE_S + 30
 
@@ -280,6 +280,7 @@ def spawn_fit(design, module, loader: DataLoader) -> dict[str, Any]:
     running then have their stacks dumped and are killed, which ends ``fit`` too.
     """
     with tempfile.TemporaryDirectory(prefix="c01-spawn-") as outdir:
+        # what strategy="ddp_spawn" names, with the process group's timeout of the launches above
         strategy = DDPStrategy(start_method="spawn", process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         trainer = design.trainer(**{**QUIET, "devices": WORLD, "strategy": strategy,
                                     "callbacks": [ReportsRankOutcome(outdir)]})
