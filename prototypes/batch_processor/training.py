@@ -287,7 +287,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
         if self._steps_pull_batches():
-            # Why only for the flavour (C1): a regular module's checkpoint holds exactly what stock Lightning writes.
+            # Why only for the flavour (C1, [RFC 15]): a regular module's checkpoint holds exactly what stock Lightning writes.
             # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
             # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
             state_dict["step_calls"] = self._step_calls
