@@ -310,7 +310,7 @@ def spawn_fit(design, module, loader: DataLoader) -> dict[str, Any]:
             deadline.join()
         ranks = [json.loads(path.read_text()) if (path := Path(outdir) / f"rank{rank}.json").exists() else None
                  for rank in range(WORLD)]
-        return dict(ranks=ranks, hung=hung, exitcodes=[None] * WORLD, error=error)
+        return dict(ranks=ranks, hung=hung, exitcodes=[None] * WORLD, error=error, deadline_s=SPAWN_DEADLINE_S)
 
 
 SHARED_KINDS = ["injected", "explicit"]
@@ -336,10 +336,12 @@ def summary(run: dict) -> str:
     for rank, outcome in enumerate(run["ranks"]):
         if rank in run["hung"]:
             state = "its fit returned, but its process" if outcome is not None else "it"
-            lines.append(f"  rank {rank}: {state} was still running after {LAUNCH_DEADLINE_S} s (killed); its stack:\n"
+            deadline_s = run.get("deadline_s", LAUNCH_DEADLINE_S)
+            lines.append(f"  rank {rank}: {state} was still running after {deadline_s} s (killed); its stack:\n"
                          + _indent(run["hung"][rank]))
         elif outcome is None:
-            lines.append(f"  rank {rank}: reported nothing (process exit code {run['exitcodes'][rank]})")
+            code = run["exitcodes"][rank]  # None under ddp_spawn, where Lightning owns the processes
+            lines.append(f"  rank {rank}: reported nothing" + (f" (process exit code {code})" if code is not None else ""))
         else:
             error = outcome["error"]
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
