@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import pickle
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +60,12 @@ def record_every_step(step: int) -> ProfilerAction:
     return ProfilerAction.RECORD
 
 
+# each made for a directory of its own: PyTorchProfiler writes its traces there (the working directory otherwise)
 PROFILERS = {
-    "no_profiler": lambda: None,
-    "simple": SimpleProfiler,
-    "advanced": AdvancedProfiler,
-    "pytorch": lambda: PyTorchProfiler(schedule=record_every_step),
+    "no_profiler": lambda directory: None,
+    "simple": lambda directory: SimpleProfiler(dirpath=directory),
+    "advanced": lambda directory: AdvancedProfiler(dirpath=directory),
+    "pytorch": lambda directory: PyTorchProfiler(dirpath=directory, schedule=record_every_step),
 }
 
 
@@ -93,14 +95,15 @@ def _pickled(trainer, when: str) -> bytes:
 
 @functools.cache
 def _stock_attributes(flavour: str, profiler: str) -> tuple[list[str], list[str]]:
-    observed = _fit(stock_trainer(profiler=PROFILERS[profiler]()), flavour)
+    with tempfile.TemporaryDirectory(prefix="c01-stock-profiler-") as directory:
+        observed = _fit(stock_trainer(profiler=PROFILERS[profiler](directory)), flavour)
     return observed["profiler_attributes"], observed["module_attributes"]
 
 
 @pytest.mark.parametrize("profiler", list(PROFILERS))
 @pytest.mark.parametrize("flavour", list(FLAVOURS))
-def test_trainer_pickles_and_copies_before_and_after_fit(design, flavour, profiler):
-    trainer = make_trainer(design, profiler=PROFILERS[profiler]())
+def test_trainer_pickles_and_copies_before_and_after_fit(design, flavour, profiler, tmp_path):
+    trainer = make_trainer(design, profiler=PROFILERS[profiler](tmp_path))
     before = _pickled(trainer, "before")
     original = _fit(trainer, flavour)
     after = _pickled(trainer, "after")
