@@ -237,6 +237,7 @@ class DataloaderIterCallback(Callback):
         self.eval_feed = BatchFeed(_evaluation_batches)  # the running validation/test/predict run
         self._installed: dict[str, Callable] = {}  # hook name -> the wrapper this callback put on the module
         self._guard = NoProgressGuard()  # the training step's, one per fit (the epoch-end check reads it too)
+        self._flavour_training = False  # the last fit's training step took dataloader_iter: checkpoints need the feed
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # only steps that take dataloader_iter: the regular flavour (C1) is left entirely to Lightning
@@ -250,6 +251,8 @@ class DataloaderIterCallback(Callback):
                 )
         self.feed.start_epoch()
         self._guard = NoProgressGuard()
+        if stage == "fit":
+            self._flavour_training = "training_step" in hooks
         for name in hooks:
             training = name == "training_step"
             wrapper = self._wrap_step(trainer, pl_module, name, self.feed if training else self.eval_feed, training)
@@ -287,6 +290,8 @@ class DataloaderIterCallback(Callback):
         rank_zero_warn(f"{lost} {fix}")
 
     def state_dict(self) -> dict[str, Any]:
+        if not self._flavour_training:
+            return {}  # Lightning then writes no entry: a regular module's checkpoint is stock Lightning's (C1)
         return {"consumed": self.feed.consumed, "steps": self.feed.steps, "lookahead": self.feed.lookahead}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

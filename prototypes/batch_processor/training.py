@@ -136,6 +136,9 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         if self._undo_log_batch_size is not None:
             self._undo_log_batch_size()
             self._undo_log_batch_size = None
+        # Why: the look-ahead holds the run's loader iterator and callables bound to its fetcher, which a Trainer
+        # pickled after fit (C1) must not carry; a checkpoint saved now records the loaders' own (exhausted) state
+        self._batches = None
         super().teardown()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
@@ -283,8 +286,12 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     # ---- checkpoints and resume
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
-        state_dict["step_calls"] = self._step_calls
-        state_dict["last_step_consumed"] = self._last_step_consumed
+        if self._steps_pull_batches():
+            # Why only for the flavour (C1, [RFC 16]): a regular module's checkpoint holds exactly what stock Lightning writes.
+            # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
+            # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
+            state_dict["step_calls"] = self._step_calls
+            state_dict["last_step_consumed"] = self._last_step_consumed
         return state_dict
 
     def on_load_checkpoint(self, state_dict: dict) -> None:

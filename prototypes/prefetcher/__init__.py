@@ -54,7 +54,6 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, trans
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work) or {AUTO!r} (decide"
                          f" per epoch), got {depth!r}")
     trainer, options = pl.Trainer(**trainer_kwargs), _Options(depth, transfer_ahead)
-    options.serialise_profiler_calls(trainer.profiler)
     loops = _PrefetchingFitLoop, _PrefetchingEpochLoop, _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
     return install_loops(trainer, *loops, options=options)
 

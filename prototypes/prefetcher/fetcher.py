@@ -89,6 +89,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._agreed_head: _Produced | None = None  # the head every rank has a batch for
         self._ended_on_every_rank = False
         self._step_iterator: _StepIterator | None = None
+        self._thread_records_on_profiler = False  # this fetcher's prefetch thread may record the transfer hooks
 
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
     @property
@@ -121,6 +122,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._resumed_at = 0
         self.loader_states = loader_states(self._combined_loader)
         self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
+        self._thread_records_on_profiler = bool(self.depth) and self.transfer_ahead
+        if self._thread_records_on_profiler:
+            self.options.thread_records_on(self.trainer.profiler)
         return self
 
     def __next__(self) -> _StepIterator:
@@ -285,6 +289,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if self.prefetcher is not None:
             self.prefetcher.shutdown()
             self.prefetcher = None
+            if self._thread_records_on_profiler:  # the thread has exited
+                self.options.thread_stopped_recording(self.trainer.profiler)
+                self._thread_records_on_profiler = False
         self._head = None
 
     def reset(self) -> None:

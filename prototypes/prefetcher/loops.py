@@ -9,7 +9,6 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytorch_lightning as pl
@@ -18,7 +17,7 @@ from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
-from pytorch_lightning.loops.progress import _BatchProgress
+from pytorch_lightning.loops.progress import _BatchProgress, _Progress
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 
 from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
@@ -33,40 +32,48 @@ from prototypes.lightning_changes import (
 from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
 
 
-@dataclass
-class _ConsumedBatchProgress(_BatchProgress):
-    """Batch progress in batches consumed, however many a step call takes.
+class _CountsConsumed:
+    """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
 
-    Lightning's epoch loop increments ready and started before each step call and processed and completed after
-    it. With the prefetching fetcher, ``count_consumed()`` counts ready and started per batch handed out, and the
-    loop's calls only bring processed and completed up to that count; otherwise this is ``_BatchProgress``.
+    Lightning's loops increment ready and started before each step call and processed and completed after it. With
+    the prefetching fetcher, ``count_consumed()`` counts ready and started per batch handed out, and the loop's calls
+    only bring processed and completed up to that count; otherwise this is Lightning's class. ``counts_consumed`` is
+    not a dataclass field: a checkpoint holds exactly the fields stock Lightning's class has.
     """
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.counts_consumed = False
+    counts_consumed = False
+    total: Any
+    current: Any
 
     def count_consumed(self) -> None:
-        super().increment_ready()
-        super().increment_started()
+        super().increment_ready()  # type: ignore[misc]
+        super().increment_started()  # type: ignore[misc]
 
     def increment_ready(self) -> None:
         if not self.counts_consumed:
-            super().increment_ready()
+            super().increment_ready()  # type: ignore[misc]
 
     def increment_started(self) -> None:
         if not self.counts_consumed:
-            super().increment_started()
+            super().increment_started()  # type: ignore[misc]
 
     def increment_processed(self) -> None:
         if not self.counts_consumed:
-            return super().increment_processed()
+            return super().increment_processed()  # type: ignore[misc]
         self.total.processed, self.current.processed = self.total.started, self.current.started
 
     def increment_completed(self) -> None:
         if not self.counts_consumed:
-            return super().increment_completed()
+            return super().increment_completed()  # type: ignore[misc]
         self.total.completed, self.current.completed = self.total.processed, self.current.processed
+
+
+class _ConsumedBatchProgress(_CountsConsumed, _BatchProgress):
+    """The training and evaluation loops' ``_BatchProgress``, counting consumed batches."""
+
+
+class _ConsumedProgress(_CountsConsumed, _Progress):
+    """The prediction loop's ``_Progress`` (it has no ``is_last_batch`` field), counting consumed batches."""
 
 
 class _StepCallAutomaticOptimization(_AutomaticOptimization):
@@ -211,18 +218,27 @@ _TRANSFER_ACTIONS = (
 )
 
 
-@dataclass
 class _Options:
-    """The design's options and the CUDA side stream, shared by one trainer's loops."""
+    """The design's options, shared by one trainer's loops, and what they hold per run: the CUDA side stream and the
+    locks that serialise the profiler while a prefetch thread records on it.
 
-    depth: int | str  # or "auto" (queue.AUTO)
-    transfer_ahead: bool
-    copy_stream: Any = None
-    transfer_actions_lock: threading.RLock = field(default_factory=threading.RLock)
-    profiler_calls_lock: threading.Lock = field(default_factory=threading.Lock)
+    Why ``__reduce__`` ([RFC 16]): Lightning and its users copy a Trainer (``strategy="ddp_spawn"`` pickles it into each rank,
+    ``copy.deepcopy`` of a loop), and locks and streams cannot be pickled; a copy gets new ones, built from the options.
+    """
 
-    def serialise_profiler_calls(self, profiler: Profiler) -> None:
-        """Makes the profiler safe for the prefetch threads and the main thread at once, on this instance.
+    def __init__(self, depth: int | str, transfer_ahead: bool) -> None:
+        self.depth = depth  # or "auto" (queue.AUTO)
+        self.transfer_ahead = transfer_ahead
+        self.copy_stream: Any = None
+        self.transfer_actions_lock = threading.RLock()
+        self.profiler_calls_lock = threading.Lock()
+        self._threads_recording = 0  # prefetch threads now recording on the trainer's profiler
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.depth, self.transfer_ahead)
+
+    def thread_records_on(self, profiler: Profiler) -> None:
+        """A prefetch thread starts recording on ``profiler``: its calls are serialised until the last one stops.
 
         Why: Lightning's profilers expect one calling thread. Here prefetch threads record the transfer hooks (the
         training epoch's and a validation run's thread at once) while the main thread records Lightning's actions,
@@ -230,27 +246,26 @@ class _Options:
         lock (AdvancedProfiler's ``start`` iterates its per-action profiles, which a first action from another
         thread would add to mid-iteration), and a transfer action holds a second lock from its start to its stop
         (SimpleProfiler refuses to start an action that is running). The main thread waits for a prefetch thread
-        only when both transfer a batch at once.
+        only when both transfer a batch at once. Why only while a thread runs: the profiler is the user's; outside
+        those runs (a regular module's, or before and after ``fit``) it is left exactly as Lightning made it.
         """
         if isinstance(profiler, PassThroughProfiler):
             return
-        start, stop = profiler.start, profiler.stop
+        if self._threads_recording == 0:
+            for name in ("start", "stop"):
+                setattr(profiler, name, _SerialisedProfilerCall(self, profiler, name))
+        self._threads_recording += 1
 
-        def serialised_start(action: str) -> None:
-            if action.endswith(_TRANSFER_ACTIONS):
-                self.transfer_actions_lock.acquire()
-            with self.profiler_calls_lock:
-                start(action)
-
-        def serialised_stop(action: str) -> None:
-            try:
-                with self.profiler_calls_lock:
-                    stop(action)
-            finally:
-                if action.endswith(_TRANSFER_ACTIONS):
-                    self.transfer_actions_lock.release()
-
-        profiler.start, profiler.stop = serialised_start, serialised_stop
+    def thread_stopped_recording(self, profiler: Profiler) -> None:
+        """The counterpart of ``thread_records_on``, once that thread has exited."""
+        if isinstance(profiler, PassThroughProfiler):
+            return
+        self._threads_recording -= 1
+        if self._threads_recording == 0:
+            for name in ("start", "stop"):
+                serialised = vars(profiler).pop(name)
+                if serialised.replaced is not None:
+                    setattr(profiler, name, serialised.replaced)
 
     def side_stream(self, trainer: pl.Trainer) -> Any:
         device = trainer.strategy.root_device
@@ -260,13 +275,46 @@ class _Options:
         return self.copy_stream
 
 
+class _SerialisedProfilerCall:
+    """The profiler's ``start`` or ``stop`` under the options' locks (``_Options.thread_records_on``).
+
+    An object rather than a closure, so that a Trainer copied while a prefetch thread runs (a callback that deep-copies
+    it) still pickles; the copy's calls take its own options' new locks.
+    """
+
+    def __init__(self, options: _Options, profiler: Profiler, name: str) -> None:
+        self.options, self.name = options, name
+        self.replaced = vars(profiler).get(name)  # the instance's own attribute, if it had one, restored afterwards
+        self.unwrapped = self.replaced or functools.partial(getattr(type(profiler), name), profiler)
+
+    def __call__(self, action: str) -> None:
+        transfer, options = action.endswith(_TRANSFER_ACTIONS), self.options
+        if self.name == "start":
+            if transfer:
+                options.transfer_actions_lock.acquire()
+            with options.profiler_calls_lock:
+                self.unwrapped(action)
+            return
+        try:
+            with options.profiler_calls_lock:
+                self.unwrapped(action)
+        finally:
+            if transfer:
+                options.transfer_actions_lock.release()
+
+
 class _InstallsPrefetchingFetcher:
     """What every loop of the design changes: the fetcher installed for a step taking ``dataloader_iter``."""
 
     trainer: pl.Trainer
     options: _Options
     step_name: str
-    counted_progress: _ConsumedBatchProgress  # the batch progress that counts consumed batches
+
+    @property
+    def counted_progress(self) -> _CountsConsumed:
+        """The batch progress that counts consumed batches. Why a property: Lightning saves every progress object a
+        loop holds as an attribute, and a checkpoint must hold what stock Lightning's loops hold (C1)."""
+        return self.batch_progress  # type: ignore[attr-defined]
 
     @property
     def _data_fetcher(self) -> _DataFetcher | None:
@@ -297,7 +345,9 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     def __init__(self, *args: Any, options: _Options, **kwargs: Any) -> None:
         self.options = options
         super().__init__(*args, **kwargs)
-        self.batch_progress = self.counted_progress = _ConsumedBatchProgress()
+        # the counting twin of the class Lightning's loop chose (prediction keeps a `_Progress`, without is_last_batch)
+        counting = _ConsumedBatchProgress if isinstance(self.batch_progress, _BatchProgress) else _ConsumedProgress
+        self.batch_progress = counting()
 
     def run(self) -> Any:
         if not takes_dataloader_iter(getattr(self.trainer.lightning_module, self.step_name)):
@@ -370,7 +420,7 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
 
     @property
     def counted_progress(self) -> _ConsumedBatchProgress:
-        return self.epoch_loop.batch_progress
+        return self.epoch_loop.batch_progress  # type: ignore[return-value]
 
     def run(self) -> None:
         module = self.trainer.lightning_module

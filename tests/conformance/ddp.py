@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -32,6 +33,7 @@ from typing import Any
 
 import pytest
 import torch
+from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
@@ -124,15 +126,20 @@ _COLLECTIVE_FAILURE_MARKERS = (
 
 def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict[str, Any]:
     module = IterStepModule(pattern)
-    outcome: dict[str, Any] = dict(error=None)
-    trainer = None
+    error, trainer = None, None
     try:
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         trainer = design.trainer(**{**QUIET, "accelerator": "cpu", "devices": WORLD, "strategy": strategy})
         trainer.fit(module, train_dataloaders=_loader(kind, rank))
-    except BaseException as error:  # noqa: BLE001 - every outcome is reported to the test process
-        outcome["error"] = _describe(error)
-    outcome.update(
+    except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
+        error = _describe(raised)
+    return _outcome(module, trainer, error)
+
+
+def _outcome(module, trainer, error: dict | None) -> dict[str, Any]:
+    """What a rank observed: the batches its steps received, its counters and weights, and the error it raised."""
+    return dict(
+        error=error,
         steps=[[list(ids_), batch_idx, dl_idx] for step in module.record.steps for ids_, batch_idx, dl_idx in step],
         per_step=[len(step) for step in module.record.steps],
         step_calls=module.step_calls,
@@ -141,7 +148,6 @@ def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
         weights={k: v.tolist() for k, v in module.layer.state_dict().items()},
         initial={k: v.tolist() for k, v in module.initial_state.items()},
     )
-    return outcome
 
 
 def _result_path(outdir: str, run: tuple, rank: int) -> Path:
@@ -241,6 +247,72 @@ def _trim_stack(dump: str) -> str:
     return "\n".join(kept)
 
 
+# --------------------------------------------------------------------------------------------------- ddp_spawn
+# Under `strategy="ddp_spawn"` Lightning starts the ranks itself: it pickles the Trainer, the module and the loaders
+# into WORLD new processes (C1: a design's Trainer must pickle like stock's). Each rank reports through a callback;
+# the test process keeps the launch deadline with a timer.
+# A spawned rank imports torch and Lightning itself (5-10 s on 2 busy cores), hence a longer deadline than above.
+SPAWN_DEADLINE_S = LAUNCH_DEADLINE_S + 30
+SPAWN_TEST_TIMEOUT_S = SPAWN_DEADLINE_S + 30
+
+
+class ReportsRankOutcome(Callback):
+    """Writes its rank's outcome as JSON into ``outdir`` when the fit ends; arms faulthandler for a stack dump."""
+
+    def __init__(self, outdir: str) -> None:
+        self.outdir = outdir
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        stack_file = open(Path(self.outdir) / f"stack-{trainer.global_rank}.txt", "w")  # noqa: SIM115 - kept open
+        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        path = Path(self.outdir) / f"rank{trainer.global_rank}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(_outcome(pl_module, trainer, None)))
+        path.with_suffix(".tmp").rename(path)
+
+
+def spawn_fit(design, module, loader: DataLoader) -> dict[str, Any]:
+    """``fit`` under ``strategy="ddp_spawn"`` (gloo, ``WORLD`` CPU processes); the result has ``launch``'s shape.
+
+    A rank that raises reports nothing: its exception ends ``fit`` in the test process as Lightning's launcher
+    re-raises it, and its text is the result's ``error``. Never blocks past ``SPAWN_DEADLINE_S``: the ranks still
+    running then have their stacks dumped and are killed, which ends ``fit`` too.
+    """
+    with tempfile.TemporaryDirectory(prefix="c01-spawn-") as outdir:
+        # what strategy="ddp_spawn" names, with the process group's timeout of the launches above
+        strategy = DDPStrategy(start_method="spawn", process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+        trainer = design.trainer(**{**QUIET, "devices": WORLD, "strategy": strategy,
+                                    "callbacks": [ReportsRankOutcome(outdir)]})
+        running_before, hung = set(multiprocessing.active_children()), {}
+
+        def past_the_deadline() -> None:
+            ranks = [proc for proc in multiprocessing.active_children() if proc not in running_before]
+            for proc in ranks:
+                os.kill(proc.pid, signal.SIGUSR1)  # faulthandler dumps every thread's stack
+            time.sleep(1.0)
+            for rank in range(WORLD):
+                stack = Path(outdir) / f"stack-{rank}.txt"
+                if not (Path(outdir) / f"rank{rank}.json").exists():
+                    hung[rank] = (_trim_stack(stack.read_text()) if stack.exists() else "") or "(no stack dumped)"
+            for proc in ranks:
+                proc.kill()
+
+        deadline = threading.Timer(SPAWN_DEADLINE_S, past_the_deadline)
+        deadline.start()
+        error = None
+        try:
+            trainer.fit(module, train_dataloaders=loader)
+        except Exception as raised:  # noqa: BLE001 - reported with the ranks' outcomes
+            error = f"{type(raised).__name__}: {raised}"[-3000:]
+        finally:
+            deadline.cancel()
+            deadline.join()
+        ranks = [json.loads(path.read_text()) if (path := Path(outdir) / f"rank{rank}.json").exists() else None
+                 for rank in range(WORLD)]
+        return dict(ranks=ranks, hung=hung, exitcodes=[None] * WORLD, error=error, deadline_s=SPAWN_DEADLINE_S)
+
+
 SHARED_KINDS = ["injected", "explicit"]
 # Two launches per design: the shared-data fits in sequence on one process group; the uneven fits each on their
 # own process group (one that breaks must not take the other down), both groups at once.
@@ -264,10 +336,12 @@ def summary(run: dict) -> str:
     for rank, outcome in enumerate(run["ranks"]):
         if rank in run["hung"]:
             state = "its fit returned, but its process" if outcome is not None else "it"
-            lines.append(f"  rank {rank}: {state} was still running after {LAUNCH_DEADLINE_S} s (killed); its stack:\n"
+            deadline_s = run.get("deadline_s", LAUNCH_DEADLINE_S)
+            lines.append(f"  rank {rank}: {state} was still running after {deadline_s} s (killed); its stack:\n"
                          + _indent(run["hung"][rank]))
         elif outcome is None:
-            lines.append(f"  rank {rank}: reported nothing (process exit code {run['exitcodes'][rank]})")
+            code = run["exitcodes"][rank]  # None under ddp_spawn, where Lightning owns the processes
+            lines.append(f"  rank {rank}: reported nothing" + (f" (process exit code {code})" if code is not None else ""))
         else:
             error = outcome["error"]
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
@@ -277,6 +351,8 @@ def summary(run: dict) -> str:
             )
             if error is not None:
                 lines.append("      raised at: " + " <- ".join(reversed(error["where"])))
+    if run.get("error"):
+        lines.append("  the launch raised: " + run["error"])
     return "\n".join(lines)
 
 

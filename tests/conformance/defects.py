@@ -25,6 +25,7 @@ from unittest import mock
 
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 
@@ -170,6 +171,16 @@ def _complete_one_batch_per_call(self: Any, output: Any) -> Any:
     return output
 
 
+def _saves_step_calls_for_every_module(self: Any) -> dict:
+    state_dict = _TrainingEpochLoop.on_save_checkpoint(self)
+    state_dict.update(step_calls=self._step_calls, last_step_consumed=self._last_step_consumed)
+    return state_dict
+
+
+def _keeps_counted_progress(self: Any, result: None, *args: Any) -> None:
+    self.__dict__["counted_progress"] = self.batch_progress  # Lightning saves every progress a loop holds
+
+
 def _transfer_without_after_hook(self: Any, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
     module = self.trainer.lightning_module
     batch = self.trainer.precision_plugin.convert_input(batch)
@@ -285,6 +296,7 @@ def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[
 
 # --------------------------------------------------------------------------------------------------- the catalogue
 C01 = "test_c01_selection.py::"
+C01_OBJECT = "test_c01_trainer_object.py::"
 C02 = "test_c02_items.py::"
 C03 = "test_c03_exactly_once.py::"
 C04 = "test_c04_transfer.py::"
@@ -311,6 +323,22 @@ CATALOGUE: tuple[Defect, ...] = (
            (_EpochLoop, "_accumulated_batches_reached"),
            _instead(lambda self: self._step_calls % self.trainer.accumulate_grad_batches == 0),
            (C01 + "test_regular_flavour_with_trainer_options_as_stock",), "accumulate3"),
+    Defect("options_pickled_with_their_locks", "C1", "prefetcher",
+           "pickles its loops' options as they are, thread locks included, instead of rebuilding them on unpickling",
+           (prefetch_loops._Options, "__reduce__"), _instead(object.__reduce__),
+           (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "regular and no_profiler"),
+    Defect("profiler_left_serialised", "C1", "prefetcher",
+           "leaves its serialising start/stop on the user's profiler after the prefetch thread stopped",
+           (prefetch_loops._Options, "thread_stopped_recording"), _instead(lambda self, profiler: None),
+           (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "dataloader_iter and simple"),
+    Defect("step_calls_in_regular_checkpoints", "C1", "batch_processor",
+           "writes its step-call count and last call's batch count into every checkpoint, a regular module's too",
+           (_EpochLoop, "on_save_checkpoint"), _instead(_saves_step_calls_for_every_module),
+           (C01_OBJECT + "test_regular_module_checkpoint_is_stock_lightnings",)),
+    Defect("progress_saved_twice", "C1", "prefetcher",
+           "keeps a second reference to its evaluation loops' batch progress, which Lightning saves as loop state",
+           (prefetch_loops._PrefetchingEvaluationSteps, "__init__"), _after(_keeps_counted_progress),
+           (C01_OBJECT + "test_regular_module_checkpoint_is_stock_lightnings",)),
     # C2 Items
     Defect("batch_idx_from_one", "C2", "batch_processor", "numbers the batches of an epoch from 1",
            (_EpochLoop, "_hand_out"), _after(lambda self, item, _: (item[0], item[1] + 1, item[2])),
