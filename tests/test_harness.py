@@ -125,6 +125,13 @@ def test_unknown_design_is_an_error_listing_the_valid_names(pytester):
     outcome.stderr.fnmatch_lines(["*unknown design 'no_such_design'; valid names: *upstream*"])
 
 
+def test_a_variant_named_twice_is_checked_once():
+    # "prefetcher" already brings its suite variants, depth 4 among them
+    ids = [design.id for design in plugin.select_designs("prefetcher,prefetcher[depth=4],upstream")]
+    assert len(ids) == len(set(ids))
+    assert ids[-1] == "upstream" and "prefetcher[depth=4]" in ids
+
+
 @pytest.fixture
 def expected_failures_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(plugin, "EXPECTED_FAILURES_DIR", tmp_path)

@@ -197,7 +197,9 @@ def select_designs(spec: str | None) -> list[Design]:
                 raise pytest.UsageError(f"--impl {part}: {error}") from None
         else:
             selected.extend([design, *(design.variant(**o) for o in design.suite_variants)])
-    return selected
+    # Why: "prefetcher,prefetcher[depth=4]" names depth 4 twice (once among the suite's variants); one test per
+    # variant, in the order first named
+    return list({design.id: design for design in selected}.values())
 
 
 def _is_conformance(path: Path) -> bool:
