@@ -214,3 +214,30 @@ def _progress_line(config: pytest.Config) -> Callable[[str, int, int, int, int],
                 reporter.line(text)
 
     return write
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    store = results.RESULTS
+    if not measuring(session.config) or not store.rows:
+        return
+    store.notes["loadavg_end"] = list(os.getloadavg())
+    store.notes["pytest_exitstatus"] = int(exitstatus)
+    # Only the start is a fair sign of other work: later load averages include this run's own threads.
+    at_start = store.notes.get("loadavg_start", [0.0])[0]
+    if at_start > 0.75:
+        store.notes["warning"] = (
+            f"the machine was busy when the run started (1-minute load average {at_start:.1f} on {os.cpu_count()}"
+            " cores): every figure is noisier for it, and S2 needs both cores idle"
+        )
+    complete = all(store.rows.get(s) for s in results.CPU_SCENARIOS)
+    name = f"benchmarks-{results.MACHINE_KIND}.json"
+    if os.environ.get("BENCHMARKS_RESULTS"):
+        path = Path(os.environ["BENCHMARKS_RESULTS"])
+    elif complete:
+        path = results.RESULTS_DIR / name
+    else:
+        path = results.PARTIAL_DIR / name.replace(".json", ".partial.json")
+    results.write_json(path, results.results_document(store, results.setup_info()))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"benchmark results written to {path}" + ("" if complete else " (partial run)"))
