@@ -303,7 +303,7 @@ def test_a_miss_never_reads_like_the_threshold(rfc):
     write_results(rfc, conformance(), benchmarks(beta_efficiency=0.9489))
     run(rfc)
     text = (rfc / "generated" / "benchmarks.md").read_text()
-    assert "| `beta` | – | 0.9489 | – | **missed** |" in text
+    assert "| `beta` | – | 0.9489 | – | – | **missed** |" in text
 
 
 def test_clause_tests_block_lists_each_clauses_test_functions_once(rfc):
@@ -337,16 +337,21 @@ def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(r
              time_per_batch_ms=10.5, efficiency=0.96, vs_best_alternative=0.875, C_raw_ms=9.0),
         dict(design="baseline:regular", role="baseline", point="L=C", time_per_batch_ms=20.0),
     ]
+    bench["scenarios"]["S1"][1]["efficiency_interval"] = [0.94, 0.97]
+    reason = "measured L/C 0.80 is off the nominal 1.00 by more than 10%"
     bench["targets"] = {"S1": {"what": "efficiency at L = C", "metric": "efficiency", "compare": ">=",
-                               "threshold": 0.95, "results": [dict(design="beta", value=0.96, met=True, point="L=C",
-                                                                   L_over_C=1.0, L_over_C_measured=0.8)]}}
+                               "threshold": 0.95, "results": [dict(design="beta", value=0.96, interval=[0.94, 0.97],
+                                                                   verdict="not judged", reason=reason, met=False,
+                                                                   point="L=C", L_over_C=1.0, L_over_C_measured=0.8)]}}
     write_results(rfc, conformance(), bench)
     assert run(rfc).returncode == 0
     text = (rfc / "generated" / "benchmarks.md").read_text()
-    assert "| `beta` | L=C | 0.80 | 10.5 | 0.96 | 0.875 | S1 met |" in text
+    # figures carry their 95 % interval; the row names its verdict
+    assert "| `beta` | L=C | 0.80 | 10.5 | 0.96 [0.94, 0.97] | 0.875 | S1 not judged |" in text
     assert "| `alt:workers` *(alternative)* | L=C | 0.80 | 12.0 | 0.80 | – | – |" in text
-    # the calibration missed the nominal ratio by more than 10 %: the targets table says so next to the verdict
-    assert "| S1 | `efficiency` ≥ 0.95 | `beta` | L=C | 0.96 | L/C 0.80 (**off** the nominal 1.00 by more than 10 %) | met |" in text
+    # the point missed its nominal ratio by more than 10 %: not judged, and the targets table says why
+    assert ("| S1 | `efficiency` ≥ 0.95 | `beta` | L=C | 0.96 | [0.94, 0.97] | L/C 0.80 (**off** the nominal 1.00 by"
+            f" more than 10 %) | not judged ({reason}) |") in text
     details = text.split("<details><summary>Measured L, C")[1].split("</details>")[0]
     assert "`baseline:regular` *(baseline)*" in details and "9.00" in details  # baselines and raw-loop figures
     assert text.count("*Setup (benchmarks-python.json):*") == 1  # one setup line for the page
