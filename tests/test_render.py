@@ -355,3 +355,26 @@ def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(r
     details = text.split("<details><summary>Measured L, C")[1].split("</details>")[0]
     assert "`baseline:regular` *(baseline)*" in details and "9.00" in details  # baselines and raw-loop figures
     assert text.count("*Setup (benchmarks-python.json):*") == 1  # one setup line for the page
+
+
+def test_the_thread_decision_is_read_off_the_verdicts(rfc):
+    """Decision 2 says "by default" only when every S1 and S6 point shows the thread faster than the fastest
+    alternative (the whole interval below 1); one point that is not distinguishable makes it opt-in, named."""
+    (rfc / "decision.md").write_text("<!-- BEGIN GENERATED: decision -->\n<!-- END GENERATED: decision -->\n")
+
+    def rendered(verdicts: list[str]) -> str:
+        bench = benchmarks()
+        intervals = {"met": [0.8, 0.95], "inconclusive": [0.95, 1.05], "missed": [1.02, 1.2]}
+        bench["targets"] = {name: {"metric": "vs_best_alternative", "compare": "<=", "threshold": 1.0, "results": [
+            dict(design="beta", point=point, value=sum(intervals[v]) / 2, interval=intervals[v], verdict=v,
+                 met=v == "met")
+            for point, v in zip(("L=C", "L=2C"), verdicts)]} for name in ("S1-alternatives", "S6-alternatives")}
+        write_results(rfc, conformance(), bench)
+        assert run(rfc).returncode == 0
+        return (rfc / "decision.md").read_text()
+
+    assert "**Decision 2: a prefetch thread by default.**" in rendered(["met", "met"])
+    text = rendered(["met", "inconclusive"])
+    assert "**Decision 2: the prefetch thread is opt-in, not the default.**" in text
+    assert "faster at S1 L=C: 0.875 [0.800, 0.950]" in text
+    assert "not distinguishable at S1 L=2C: 1.00 [0.950, 1.05]" in text
