@@ -92,13 +92,16 @@ SMOKE = Sizes(
     s4_c_ms=2.0, s4_batches=8, s4_rows=256, s4_rounds=1,
     s6_base_ms=2.0, s6_batches=6, calibration_batches=4,
 )
+# Sized to fit `pytest --benchmark-only` in 20 minutes on 2 cores (the README's estimate): 9 interleaved rounds give
+# each figure a 95 % interval between its 2nd and 8th round; no warm-up round in the scenarios with pilot rounds or
+# calibration just before (they run every path first), one in S3, which has neither.
 MEASURE = Sizes(
-    rounds=9, warmup=1, skip=4, pilot_rounds=3, recalibrations=3,
-    s1_base_ms=20.0, s1_batches=28,
-    s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=28,
-    s3_batches=300, s3_rounds=15, s3_warmup=1,
+    rounds=9, warmup=0, skip=4, pilot_rounds=3, recalibrations=3,
+    s1_base_ms=15.0, s1_batches=24,
+    s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=24,
+    s3_batches=200, s3_rounds=12, s3_warmup=1,
     s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
-    s6_base_ms=10.0, s6_batches=28, calibration_batches=16,
+    s6_base_ms=10.0, s6_batches=24, calibration_batches=16,
 )
 FEATURES = 8  # columns after the id column in S1-S3 batches
 ROWS = 4  # rows per batch in S1-S3
