@@ -93,8 +93,9 @@ SMOKE = Sizes(
     s6_base_ms=2.0, s6_batches=6, calibration_batches=4,
 )
 # Sized to fit `pytest --benchmark-only` in 20 minutes on 2 cores (the README's estimate): 9 interleaved rounds give
-# each figure a 95 % interval between its 2nd and 8th round; no warm-up round in the scenarios with pilot rounds or
-# calibration just before (they run every path first), one in S3, which has neither.
+# each figure a 95 % interval between its 2nd and 8th round. No warm-up round: each run is timed over its
+# steady-state window, so a run's one-off costs fall outside it, and the calibration and pilot rounds run every path
+# before S1 and S6; S3 keeps one, its figures being the smallest.
 MEASURE = Sizes(
     rounds=9, warmup=0, skip=4, pilot_rounds=3, recalibrations=3,
     s1_base_ms=15.0, s1_batches=24,
