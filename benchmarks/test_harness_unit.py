@@ -128,6 +128,8 @@ def test_settle_corrects_both_knobs_until_the_measured_ratio_is_nominal() -> Non
     # a machine whose every measurement is off in the same way: at most `attempts` corrections, then it stops
     stubborn = workloads.settle(lambda a, b: (5.0, 10.0), load, step, attempts=2)
     assert len(stubborn.pilots) == 3
+    # a measurement barely above the fixed cost corrects by at most 2x, never a thousandfold
+    assert step.corrected(1.0001).value == 2 * step.value and step.corrected(1000.0).value == round(step.value / 2)
 
 
 def test_in_flight_counts_produced_but_not_received() -> None:

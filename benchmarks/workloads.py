@@ -343,13 +343,16 @@ def calibrate_step(step_only_ms: Callable[[int], float], target_ms: float, ms_pe
     overhead = step_only_ms(0)
     guess = max(1, round((target_ms - overhead) / ms_per_iteration))
     first = step_only_ms(guess)
-    per_iteration = max((first - overhead) / guess, 1e-6)
+    # Why a floor: a matmul never runs faster than on an idle core (``ms_per_iteration``, with slack); a measurement
+    # barely above the loop's cost would otherwise ask for a thousandfold more matmuls
+    floor = ms_per_iteration / 2
+    per_iteration = max((first - overhead) / guess, floor)
     iterations = max(0, round((target_ms - overhead) / per_iteration))
     measured = step_only_ms(iterations)
     for _ in range(CALIBRATION_CORRECTIONS):
         if abs(measured - target_ms) <= CALIBRATION_TOLERANCE * target_ms or not iterations:
             break
-        per_iteration = max((measured - overhead) / iterations, 1e-6)
+        per_iteration = max((measured - overhead) / iterations, floor)
         iterations = max(0, round((target_ms - overhead) / per_iteration))
         measured = step_only_ms(iterations)
     return Calibration(target_ms, iterations, first, measured, overhead)
@@ -376,9 +379,13 @@ class Knob:
     fixed_ms: float
     integer: bool
 
+    # Why bounded: a measurement hardly above the fixed cost (a burst of other work in the baseline's loop) would
+    # otherwise scale the value a thousandfold, and the next run would take minutes.
+    MAX_CORRECTION = 2.0
+
     def corrected(self, measured_ms: float) -> Knob:
         scale = (self.target_ms - self.fixed_ms) / max(measured_ms - self.fixed_ms, 1e-6)
-        value = self.value * scale
+        value = self.value * min(max(scale, 1.0 / self.MAX_CORRECTION), self.MAX_CORRECTION)
         return replace(self, value=max(0, round(value)) if self.integer else max(0.0, value))
 
 
