@@ -88,6 +88,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._agreed_head: _Produced | None = None  # the head every rank has a batch for
         self._ended_on_every_rank = False
+        self._ranks_vote = True  # whether the ranks vote on the end of data; decided per epoch (_begin)
         self._step_iterator: _StepIterator | None = None
 
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
