@@ -202,14 +202,15 @@ def _progress_line(config: pytest.Config) -> Callable[[str, int, int, int, int],
     if reporter is None:
         return None
     interactive = bool(reporter.isatty)
+    writer = config.get_terminal_writer()
 
     def write(label: str, entries: int, done: int, total: int, warmup: int) -> None:
         if not interactive and done > 0:
             return
         text = progress_text(label, entries, done, total, warmup)
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-            if done == 0:
-                reporter.ensure_newline()
+            if done == 0 and writer.width_of_current_line:  # after pytest's progress dots
+                reporter.line("")
             if interactive:
                 reporter.rewrite(text, erase=True)
                 if done >= total:

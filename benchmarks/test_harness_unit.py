@@ -128,6 +128,13 @@ def test_settle_corrects_both_knobs_until_the_measured_ratio_is_nominal() -> Non
     # a machine whose every measurement is off in the same way: at most `attempts` corrections, then it stops
     stubborn = workloads.settle(lambda a, b: (5.0, 10.0), load, step, attempts=2)
     assert len(stubborn.pilots) == 3
+    # a correction that overshoots (a burst of other work during its pilot) is not kept: the closest pilot's knobs are
+    bursts = iter([(10.0, 14.0), (10.0, 10.4), (10.0, 6.0)])
+    kept = workloads.settle(lambda a, b: next(bursts), load, step, attempts=2)
+    assert kept.pilots == [(10.0, 14.0), (10.0, 10.4)] and kept.second.value < step.value
+    bursts = iter([(10.0, 14.0), (10.0, 12.0), (10.0, 6.0)])
+    overshot = workloads.settle(lambda a, b: next(bursts), load, step, attempts=2)
+    assert len(overshot.pilots) == 3 and overshot.second == step.corrected(14.0)  # the 2nd try's knobs, not the 3rd
     # a measurement barely above the fixed cost corrects by at most 2x, never a thousandfold
     assert step.corrected(1.0001).value == 2 * step.value and step.corrected(1000.0).value == round(step.value / 2)
 

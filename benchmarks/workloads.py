@@ -405,20 +405,27 @@ class Settled:
 def settle(pilot: Callable[[Knob, Knob], tuple[float, float]], first: Knob, second: Knob, attempts: int) -> Settled:
     """Knobs whose times, measured by ``pilot`` (a few rounds interleaved as the point's own, medians), stand in
     the nominal ratio: each knob is corrected from its own measurement until the ratio is within half of
-    ``targets.RATIO_TOLERANCE`` (the rest is left for drift during the rounds), at most ``attempts`` corrections.
+    ``targets.RATIO_TOLERANCE`` (the rest is left for drift during the rounds), at most ``attempts`` corrections;
+    the knobs of the closest pilot are kept.
 
     Why in the point's own conditions: calibrated alone, before the rounds and from a fastest run, C came out
     smaller than the rounds then measured it, and most points ran 10-20 % off their nominal ratio.
     """
     nominal = first.target_ms / second.target_ms
-    pilots = [pilot(first, second)]
+
+    def miss(measured: tuple[float, float]) -> float:
+        return abs((measured[0] / measured[1]) / nominal - 1.0)
+
+    tried = [(first, second, pilot(first, second))]
     for _ in range(attempts):
-        a, b = pilots[-1]
-        if abs((a / b) / nominal - 1.0) <= RATIO_TOLERANCE / 2:
+        first, second, measured = tried[-1]
+        if miss(measured) <= RATIO_TOLERANCE / 2:
             break
-        first, second = first.corrected(a), second.corrected(b)
-        pilots.append(pilot(first, second))
-    return Settled(first, second, pilots)
+        first, second = first.corrected(measured[0]), second.corrected(measured[1])
+        tried.append((first, second, pilot(first, second)))
+    # the knobs whose pilot came closest (a correction measured during a burst of other work can overshoot)
+    best = min(tried, key=lambda t: miss(t[2]))
+    return Settled(best[0], best[1], [t[2] for t in tried])
 
 
 CALIBRATION_REPEATS = 2
