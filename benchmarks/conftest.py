@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ import pytest
 import torch
 
 from benchmarks import results, summary, workloads
+from benchmarks.measuring import Interleaved
 from prototypes import IMPLEMENTATIONS, Design
 from tests.conformance.plugin import select_designs
 
@@ -63,10 +65,19 @@ def measuring(config: pytest.Config) -> bool:
 
 @dataclass(frozen=True)
 class Sizes:
-    """Everything a scenario's size depends on; ``SMOKE`` for plain pytest, ``MEASURE`` for benchmark runs."""
+    """Everything a scenario's size depends on; ``SMOKE`` for plain pytest, ``MEASURE`` for benchmark runs.
+
+    ``skip``: batches each run receives before its timed window starts (``Probe.per_batch_s``): at least the
+    deepest prefetch depth S1, S3 and S6 run, so every pipeline is full when timing starts. ``rounds`` of at least
+    ``intervals.MIN_ROUNDS`` give every judged figure a 95 % interval; ``pilot_rounds`` and ``recalibrations``:
+    how a point's L/C (M/C) is brought to its nominal value under the load of the moment, before its rounds.
+    """
 
     rounds: int
     warmup: int
+    skip: int
+    pilot_rounds: int
+    recalibrations: int
     # S1: max(L, C) is s1_base_ms, the other is half of it or equal (see test_s1_io_bound.POINTS)
     s1_base_ms: float
     s1_batches: int
@@ -90,20 +101,24 @@ class Sizes:
 
 
 SMOKE = Sizes(
-    rounds=1, warmup=0,
+    rounds=1, warmup=0, skip=1, pilot_rounds=1, recalibrations=1,
     s1_base_ms=2.0, s1_batches=6,
     s2_r_ms=2.0, s2_c_ms=2.0, s2_batches=7,
     s3_batches=10, s3_rounds=1, s3_warmup=0,
     s4_c_ms=2.0, s4_batches=8, s4_rows=256, s4_rounds=1,
-    s6_base_ms=2.0, s6_batches=6, calibration_batches=3,
+    s6_base_ms=2.0, s6_batches=6, calibration_batches=4,
 )
+# Sized to fit `pytest --benchmark-only` in 20 minutes on 2 cores (the README's estimate): 9 interleaved rounds give
+# each figure a 95 % interval between its 2nd and 8th round. No warm-up round: each run is timed over its
+# steady-state window, so a run's one-off costs fall outside it, and the calibration and pilot rounds run every path
+# before S1 and S6; S3 keeps one, its figures being the smallest.
 MEASURE = Sizes(
-    rounds=4, warmup=1,
-    s1_base_ms=20.0, s1_batches=48,
-    s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=40,
-    s3_batches=300, s3_rounds=11, s3_warmup=1,
+    rounds=9, warmup=0, skip=4, pilot_rounds=3, recalibrations=3,
+    s1_base_ms=15.0, s1_batches=24,
+    s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=24,
+    s3_batches=200, s3_rounds=12, s3_warmup=1,
     s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
-    s6_base_ms=10.0, s6_batches=48, calibration_batches=16,
+    s6_base_ms=10.0, s6_batches=24, calibration_batches=16,
 )
 FEATURES = 8  # columns after the id column in S1-S3 batches
 ROWS = 4  # rows per batch in S1-S3
@@ -121,10 +136,17 @@ class Bench:
     setup: dict[str, Any]
 
     calibrations: dict[str, Any] = field(default_factory=dict)
+    progress: Callable[[str, int, int, int, int], None] | None = None  # a terminal line per point: what, rounds left
 
     def extra_info(self, benchmark: Any, row: dict[str, Any]) -> None:
         benchmark.extra_info.update(row)
         benchmark.extra_info["setup"] = self.setup
+
+    def interleaved(self, key: tuple, runs: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> Any:
+        """The point ``key``'s entries measured round by round (once per session), its progress on the terminal."""
+        label = " ".join(key)
+        return self.store.point(key, lambda: Interleaved(
+            runs, self.sizes.skip, rounds, warmup, label=label, progress=self.progress))
 
     def calibrated(self, key: str, calibrate: Callable[[], Any]) -> Any:
         """``calibrate()``'s result for ``key``, computed once per session and recorded in the notes."""
@@ -170,7 +192,49 @@ def bench(request, tmp_path_factory) -> Bench:
         matmul_size=burner.size,
         loadavg_start=list(os.getloadavg()),
     )
-    return Bench(on, sizes, burner, tmp_path_factory.mktemp("bench"), store, setup)
+    return Bench(on, sizes, burner, tmp_path_factory.mktemp("bench"), store, setup,
+                 progress=_progress_line(request.config) if on else None)
+
+
+PROGRESS_WIDTH = 100
+
+
+def progress_text(label: str, entries: int, done: int, total: int, warmup: int) -> str:
+    """What a point's progress line says, within ``PROGRESS_WIDTH`` columns."""
+    if done >= total:
+        text = f"{label}: {entries} entries x {total} rounds measured"
+    else:
+        kind = "warm-up round" if done < warmup else "round"
+        text = f"{label}: {entries} entries, {kind} {done + 1} of {total} running, {total - done} rounds left"
+    return text[:PROGRESS_WIDTH]
+
+
+def _progress_line(config: pytest.Config) -> Callable[[str, int, int, int, int], None] | None:
+    """Writes a point's progress to the terminal while its rounds run, past pytest's output capture (so it shows
+    without ``-s``): one line per point, rewritten in place on a terminal, written once at the start otherwise (a
+    log file gets no carriage returns)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return None
+    interactive = bool(reporter.isatty)
+    writer = config.get_terminal_writer()
+
+    def write(label: str, entries: int, done: int, total: int, warmup: int) -> None:
+        if not interactive and done > 0:
+            return
+        text = progress_text(label, entries, done, total, warmup)
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            if done == 0 and writer.width_of_current_line:  # after pytest's progress dots
+                reporter.line("")
+            if interactive:
+                reporter.rewrite(text, erase=True)
+                if done >= total:
+                    reporter.line("")
+            else:
+                reporter.line(text)
+
+    return write
 
 
 _WRITTEN = pytest.StashKey[tuple[dict[str, Any], Path, bool]]()  # the results document, its path, whether complete

@@ -1,13 +1,15 @@
 """Measuring: what one run looked like (``Probe``), rounds interleaved across a point's entries, overlap figures.
 
-Time per batch of a run = (epoch end - min(first load start, epoch start)) / batches: Trainer construction and
-fit set-up are excluded, a design that starts loading before the epoch gets no head start, and the one-off
-cost of filling a pipeline is included (it shrinks as 1/batches).
+Time per batch of a run is its steady state: the time from the step receiving batch ``skip`` to it receiving the
+last batch, over the batches in between (``Probe.per_batch_s``). Every run of every scenario is timed over that
+same window, so none pays a fixed cost the others do not: Trainer set-up, DataLoader worker start-up and shutdown,
+and the one-off fill of a pipeline all fall outside it, and the ideal max(L, C) is reachable.
 
 Rounds are interleaved (``Interleaved``): all entries of a scenario point (baselines and designs) run once per round,
-so drifting load on a shared machine affects them alike. pytest-benchmark then receives each entry's measured
-rounds through ``span_clock``, a clock that advances only by the time per batch measured here, so the tables
-pytest prints are time per batch.
+so drifting load on a shared machine affects them alike, and a figure that compares entries (a ratio, an efficiency)
+is computed per round from the entries of that round, then summarised as a median with a 95 % interval
+(``benchmarks.intervals``). pytest-benchmark receives each entry's measured rounds through ``span_clock``, a clock
+that advances only by the time per batch measured here, so the tables pytest prints are time per batch.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 
 import psutil
 import torch
+
+from benchmarks import intervals
 
 # ------------------------------------------------------------------------------------------------- span clock
 _SPAN_TOTAL = [0.0]
@@ -44,7 +48,7 @@ class Probe:
 
     def __init__(self, track_rss: bool = False) -> None:
         self._lock = threading.Lock()
-        self.t_first_load: float | None = None
+        self.received_at: list[float] = []  # perf_counter() when the step received each batch: the timed window
         self.t_epoch_start: float | None = None
         self.t_epoch_end: float | None = None
         self.produced = 0
@@ -68,13 +72,6 @@ class Probe:
     def _rss(self) -> int:
         return self._process.memory_info().rss if self._process is not None else 0
 
-    def load_started(self) -> None:
-        if self.t_first_load is None:
-            now = time.perf_counter()
-            with self._lock:
-                if self.t_first_load is None:
-                    self.t_first_load = now
-
     def batch_produced(self) -> None:
         rss = self._rss()
         off_main = threading.current_thread() is not threading.main_thread()
@@ -85,8 +82,10 @@ class Probe:
             self.peak_rss = max(self.peak_rss, rss)
 
     def batch_received(self, batch: torch.Tensor) -> None:
+        now = time.perf_counter()
         rss = self._rss()
         with self._lock:
+            self.received_at.append(now)
             self.consumed += 1
             self.received.append(batch_id(batch))
             self.peak_rss = max(self.peak_rss, rss)
@@ -124,14 +123,22 @@ class Probe:
             self.profile.disable()
         self.final_weights = [p.detach().clone() for p in params]
 
-    def span(self) -> float:
-        starts = [t for t in (self.t_first_load, self.t_epoch_start) if t is not None]
-        if not starts or self.t_epoch_end is None:
+    def per_batch_s(self, skip: int) -> float:
+        """Steady-state seconds per batch: from the step receiving batch ``skip`` to it receiving the last one.
+
+        Why a window and not the whole epoch: the whole epoch includes fixed costs that differ between runs (worker
+        start-up, a pipeline's first load, which nothing can overlap), so an ideal built from runs without them was
+        out of reach of the runs it judged. Each interval between two receipts is one period of the pipeline.
+        """
+        if not self.received_at and self.received and None not in (self.t_epoch_start, self.t_epoch_end):
+            # S5 (GPU) records the batches at the epoch's end, to avoid a device sync per batch: the whole epoch
+            return (self.t_epoch_end - self.t_epoch_start) / len(self.received)
+        if len(self.received_at) < skip + 2:
             raise AssertionError(
-                f"the run recorded no complete epoch (first load {self.t_first_load}, epoch start"
-                f" {self.t_epoch_start}, epoch end {self.t_epoch_end})"
+                f"the run's step received {len(self.received_at)} batches; timing skips the first {skip} and needs"
+                " two more"
             )
-        return self.t_epoch_end - min(starts)
+        return (self.received_at[-1] - self.received_at[skip]) / (len(self.received_at) - 1 - skip)
 
 
 def batch_id(batch: torch.Tensor) -> int:
@@ -170,9 +177,9 @@ class Measurement:
         return len(self.per_batch_s)
 
 
-def measure(run_once: Callable[[], Probe], n_batches: int, rounds: int, warmup: int) -> Measurement:
+def measure(run_once: Callable[[], Probe], skip: int, rounds: int, warmup: int) -> Measurement:
     """Run ``run_once`` (one epoch, returns its probe) for warm-up plus measured rounds, on its own."""
-    return Interleaved({"only": run_once}, n_batches, rounds, warmup).measurement("only")
+    return Interleaved({"only": run_once}, skip, rounds, warmup).measurement("only")
 
 
 class Interleaved:
@@ -180,34 +187,48 @@ class Interleaved:
 
     Round r runs each entry once (warm-up rounds first, then measured ones; the starting entry rotates), so load
     that comes and goes on a shared machine hits every entry alike and the ratios between them stay meaningful.
-    An entry that raises is not run again; its exception is re-raised by ``measurement`` for that entry only.
+    Each run is timed over its steady-state window (``Probe.per_batch_s(skip)``). An entry that raises is not run
+    again; its exception is re-raised by ``measurement`` for that entry only. ``progress(label, entries, round,
+    rounds, warmup)`` is told before each round (counted from 0, warm-up rounds included) and once at the end.
     """
 
     def __init__(
-        self, runs: dict[str, Callable[[], Probe]], n_batches: int, rounds: int, warmup: int
+        self, runs: dict[str, Callable[[], Probe]], skip: int, rounds: int, warmup: int, label: str = "",
+        progress: Callable[[str, int, int, int, int], None] | None = None,
     ) -> None:
         self.kept: dict[str, list[tuple[float, Probe]]] = {name: [] for name in runs}
         self.errors: dict[str, BaseException] = {}
         names = list(runs)
-        for r in range(warmup + rounds):
+        total = warmup + rounds
+        for r in range(total):
+            if progress is not None:
+                progress(label, len(names), r, total, warmup)
             shift = r % len(names)
             for name in names[shift:] + names[:shift]:
                 if name in self.errors:
                     continue
                 try:
                     probe = runs[name]()
-                    per_batch = probe.span() / n_batches
+                    per_batch = probe.per_batch_s(skip)
                 except Exception as error:  # noqa: BLE001  (re-raised, with its traceback, by measurement())
                     self.errors[name] = error
                     continue
                 if r >= warmup:
                     self.kept[name].append((per_batch, probe))
+        if progress is not None:
+            progress(label, len(names), total, total, warmup)
 
     def measurement(self, name: str) -> Measurement:
         if name in self.errors:
             raise self.errors[name]
         kept = self.kept[name]
         return Measurement([k[0] for k in kept], [k[1] for k in kept])
+
+    def ratio(self, name: str, reference: str) -> dict[str, Any]:
+        """Time per batch of ``name`` over ``reference``, per round (both ran in it), as median and 95 % interval."""
+        return intervals.summary(
+            [t / ref for t, ref in zip(self.measurement(name).per_batch_s, self.measurement(reference).per_batch_s)]
+        )
 
 
 def report(benchmark: Any, measurement: Measurement) -> None:
@@ -252,10 +273,11 @@ SERIAL, LOAD_ONLY, STEP_ONLY, STEP_ONLY_RAW = (
 
 @dataclass(frozen=True)
 class Overlap:
-    """A design's time per batch against the serial, load-only and step-only baselines of the same point (ms).
+    """A design's time per batch against the serial, load-only and step-only baselines of the same point.
 
-    T_ideal = max(L, C) with C the step-only run through stock Lightning's loop (what any design could at best
-    reach); ``c_raw`` is the same step in a plain PyTorch loop, kept as the raw-loop figure.
+    Times are medians over rounds (ms). T_ideal = max(L, C) with C the step-only run through stock Lightning's loop
+    (what any design could at best reach); ``c_raw`` is the same step in a plain PyTorch loop, kept as the raw-loop
+    figure. ``efficiencies`` holds one efficiency per round, from the entries of that round.
     """
 
     t: float
@@ -263,7 +285,7 @@ class Overlap:
     l: float
     c: float
     c_raw: float | None
-    efficiency: float
+    efficiencies: list[float]
     efficiency_best_rounds: float  # from every entry's fastest round: noise only adds time, so the assertions use it
 
     @property
@@ -275,52 +297,55 @@ class Overlap:
         return None if self.c_raw is None else max(self.l, self.c_raw)
 
     @property
+    def efficiency(self) -> dict[str, Any]:
+        """The median of the per-round efficiencies and its 95 % interval."""
+        return intervals.summary(self.efficiencies)
+
+    @property
     def efficiency_raw_ideal(self) -> float | None:
         return None if self.c_raw is None else efficiency(self.t_serial, self.t, self.t_ideal_raw)
 
-    def row(self, n_batches: int) -> dict[str, Any]:
-        """The figures a design row records (rounded), including the ceiling a perfect pipeline reaches.
-
-        A perfect pipeline still produces the first batch before the first step: over n batches it gets
-        T = T_ideal + min(L, C) / n, so its efficiency is ``efficiency_ceiling``, not 1.
-        """
-        fill = min(self.l, self.c) / n_batches
-        gap = self.t_serial - self.t_ideal
+    def row(self) -> dict[str, Any]:
+        """The figures a design row records (rounded)."""
+        summary = self.efficiency
         return dict(
             L_ms=rounded(self.l), C_ms=rounded(self.c), C_raw_ms=rounded(self.c_raw),
             L_over_C_measured=rounded(self.l / self.c), time_per_batch_ms=rounded(self.t),
             t_serial_ms=rounded(self.t_serial), t_ideal_ms=rounded(self.t_ideal),
-            t_ideal_raw_ms=rounded(self.t_ideal_raw), efficiency=rounded(self.efficiency),
-            efficiency_raw_ideal=rounded(self.efficiency_raw_ideal),
-            efficiency_ceiling=rounded((gap - fill) / gap if gap > 0 else float("nan")),
+            t_ideal_raw_ms=rounded(self.t_ideal_raw), efficiency=summary["value"],
+            efficiency_interval=summary["interval"], efficiency_raw_ideal=rounded(self.efficiency_raw_ideal),
             efficiency_best_rounds=rounded(self.efficiency_best_rounds),
             speedup_vs_serial=rounded(self.t_serial / self.t),
         )
 
 
-def overlap(data: Any, measurement: Any, serial: str = SERIAL) -> Overlap:
-    """``measurement`` of one design against the baselines measured in the same interleaved rounds (``data``)."""
-    t_serial, load, step = (data.measurement(b) for b in (serial, LOAD_ONLY, STEP_ONLY))
+def overlap(data: Interleaved, name: str, serial: str = SERIAL) -> Overlap:
+    """Entry ``name`` against the baselines measured in the same interleaved rounds (``data``)."""
+    measurement, t_serial, load, step = (data.measurement(n) for n in (name, serial, LOAD_ONLY, STEP_ONLY))
     raw = data.measurement(STEP_ONLY_RAW).median_ms if STEP_ONLY_RAW in data.kept else None
+    per_round = zip(t_serial.per_batch_s, measurement.per_batch_s, load.per_batch_s, step.per_batch_s)
     return Overlap(
         t=measurement.median_ms,
         t_serial=t_serial.median_ms,
         l=load.median_ms,
         c=step.median_ms,
         c_raw=raw,
-        efficiency=efficiency(t_serial.median_ms, measurement.median_ms, max(load.median_ms, step.median_ms)),
+        efficiencies=[efficiency(ts, t, max(l, c)) for ts, t, l, c in per_round],
         efficiency_best_rounds=efficiency(t_serial.min_ms, measurement.min_ms, max(load.min_ms, step.min_ms)),
     )
 
 
-def versus_alternatives(data: Any, measurement: Any, alternatives: Sequence[str]) -> dict[str, Any]:
-    """Time ratio of an entry against each alternative of the point and the fastest one (< 1: the entry is faster)."""
-    times = {name: data.measurement(name).median_ms for name in alternatives}
+def versus_alternatives(data: Interleaved, name: str, alternatives: Sequence[str]) -> dict[str, Any]:
+    """Time of entry ``name`` against the fastest alternative of the point (by median), per round, with its interval,
+    and against each alternative (medians); below 1 the entry is faster."""
+    times = {alt: data.measurement(alt).median_ms for alt in alternatives}
     best = min(times, key=times.get)
-    out: dict[str, Any] = {"best_alternative": best,
-                           "vs_best_alternative": rounded(measurement.median_ms / times[best])}
-    for name, t in times.items():
-        out[f"vs_{name.removeprefix('alt:').replace('-', '_')}"] = rounded(measurement.median_ms / t)
+    versus = data.ratio(name, best)
+    out: dict[str, Any] = {"best_alternative": best, "vs_best_alternative": versus["value"],
+                           "vs_best_alternative_interval": versus["interval"]}
+    t = data.measurement(name).median_ms
+    for alt, t_alt in times.items():
+        out[f"vs_{alt.removeprefix('alt:').replace('-', '_')}"] = rounded(t / t_alt)
     return out
 
 

@@ -20,7 +20,7 @@ RESULTS_DIR = REPO_ROOT / "rfc" / "results"
 PARTIAL_DIR = REPO_ROOT / ".benchmarks"  # git-ignored: results of runs that did not cover every CPU scenario
 MACHINE_KIND = os.environ.get("BENCHMARKS_MACHINE_KIND", "python")
 SCHEMA = 1
-CPU_SCENARIOS = ("S1", "S2", "S3", "S4", "S6")  # what `pytest --benchmark-only` measures; S5 needs a GPU
+CPU_SCENARIOS = ("S1", "S2", "S3", "S4", "S6", "S7")  # what `pytest --benchmark-only` measures; S5 needs a GPU
 
 
 def setup_info() -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """S3 overhead: a tiny model, no loading latency, no step compute; what does each design cost per batch?
 
-Interleaved round by round in one session: a raw PyTorch loop over the same loader and model, stock Lightning's regular flavour,
-then every design with the plainest ``training_step(self, dataloader_iter)`` and, since every design must run the
+Interleaved round by round in one session: a raw PyTorch loop over the same loader and model, stock Lightning's regular
+flavour and its ``dataloader_iter`` flavour (today's), then every design with the plainest ``training_step(self, dataloader_iter)`` and, since every design must run the
 regular flavour as stock Lightning does (C1), with ``training_step(self, batch, batch_idx)`` too; the prefetching
 designs also at depth 0, 1, 2 and 4 (``dataloader_iter`` flavour: the regular flavour does not use the depth).
+Each design's flavour is judged against the same flavour of stock Lightning, per round (``overhead_vs_stock``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ pytestmark = [
     pytest.mark.timeout(900),  # the first test measures every case, interleaved; smoke mode takes seconds
 ]
 
-BASELINES = ("baseline:raw-pytorch", "baseline:regular")
+# raw PyTorch, and stock Lightning's two flavours: today's regular and today's dataloader_iter flavour
+BASELINES = ("baseline:raw-pytorch", "baseline:regular", "baseline:dataloader_iter")
+REGULAR, STOCK_ITER = "baseline:regular--", "baseline:dataloader_iter--"
 DEPTHS = (0, 1, 2, 4)
 ENTRIES = workloads.design_entries(DEPTHS)
 CASES = [(who, "-") for who in BASELINES] + [
@@ -40,20 +43,17 @@ def _once(bench, who: str, flavour: str, profile: cProfile.Profile | None = None
     if who == "baseline:raw-pytorch":
         workloads.run_raw_loop(workloads.RegularStep(probe, FEATURES, bench.burner, 0), workloads.loader(dataset))
     else:
-        module_type = workloads.IterStep if flavour == "dataloader_iter" else workloads.RegularStep
-        module = module_type(probe, FEATURES, bench.burner, 0)
-        design = None if who == "baseline:regular" else ENTRIES[who]
+        iterating = flavour == "dataloader_iter" or who == "baseline:dataloader_iter"
+        module = (workloads.IterStep if iterating else workloads.RegularStep)(probe, FEATURES, bench.burner, 0)
+        design = None if who in BASELINES else ENTRIES[who]
         workloads.fit(workloads.make_trainer(design, bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
 
 
 def _point(bench) -> measuring.Interleaved:
-    sizes = bench.sizes
     runs = {f"{who}-{flavour}": partial(_once, bench, who, flavour) for who, flavour in CASES}
-    return bench.store.point(
-        ("S3",), lambda: measuring.Interleaved(runs, sizes.s3_batches, sizes.s3_rounds, sizes.s3_warmup)
-    )
+    return bench.interleaved(("S3",), runs, bench.sizes.s3_rounds, bench.sizes.s3_warmup)
 
 
 @pytest.mark.parametrize(("who", "flavour"), CASES, ids=[w if f == "-" else f"{w}-{f}" for w, f in CASES])
@@ -64,18 +64,24 @@ def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
     measuring.report(benchmark, measurement)
     t = measurement.median_ms
     if who in BASELINES:
-        row = dict(design=who, role="baseline", flavour="raw" if who == "baseline:raw-pytorch" else "regular",
-                   n_batches=n, time_per_batch_ms=measuring.rounded(t), rounds=measurement.rounds)
+        kind = {"baseline:raw-pytorch": "raw", "baseline:regular": "regular"}.get(who, "dataloader_iter")
+        row = dict(design=who, role="baseline", flavour=kind, n_batches=n, time_per_batch_ms=measuring.rounded(t),
+                   rounds=measurement.rounds)
     else:
-        regular = data.measurement("baseline:regular--").median_ms
+        key = f"{who}-{flavour}"
+        regular = data.measurement(REGULAR).median_ms
         raw = data.measurement("baseline:raw-pytorch--").median_ms
+        # each flavour against the same flavour of stock Lightning, per round: what the design adds to it
+        same_flavour = data.ratio(key, STOCK_ITER if flavour == "dataloader_iter" else REGULAR)
         design = ENTRIES[who]
         row = dict(
             design=design.id, role="design", flavour=flavour, depth=workloads.depth_of(design),
             default=workloads.is_default(design), off_main_thread=workloads.off_main_share(measurement.probes),
             n_batches=n,
             time_per_batch_ms=measuring.rounded(t), t_regular_ms=measuring.rounded(regular),
+            t_stock_iter_ms=measuring.rounded(data.measurement(STOCK_ITER).median_ms),
             t_raw_ms=measuring.rounded(raw), overhead_vs_regular=measuring.rounded(t / regular),
+            overhead_vs_stock=same_flavour["value"], overhead_vs_stock_interval=same_flavour["interval"],
             overhead_vs_raw=measuring.rounded(t / raw), rounds=measurement.rounds,
         )
     bench.extra_info(benchmark, row)

@@ -32,14 +32,21 @@ pytestmark = [
 
 # point -> (M, C) as multiples of Sizes.s6_base_ms
 POINTS = {"M=0.5C": (0.5, 1.0), "M=C": (1.0, 1.0), "M=2C": (1.0, 0.5)}
-DEPTHS = (0, 1, 2, 4)
+DEPTHS = (0, 2)  # S3 and S4 run more depths; here the fixed depth the default runs at once it keeps its thread, and 0
 SERIAL = "alt:workers"  # the stock regular flavour over the worker loader: the serial baseline and an alternative
 BASELINES = (measuring.LOAD_ONLY, measuring.STEP_ONLY, measuring.STEP_ONLY_RAW)
-ALTERNATIVES = (SERIAL, "alt:nodes-prefetch")
+# What a user can do today with the same work: stock Lightning over the worker loader as is, or with it prefetched
+# by torchdata nodes, or the hook work moved into the DataLoader workers (where it can run: CPU work) or into
+# torchdata ParallelMapper threads; and the design without a thread over nodes prefetching.
+ALTERNATIVES = (SERIAL, "alt:nodes-prefetch", "alt:hook-work-in-workers", "alt:hook-work-in-mapper-threads",
+                *workloads.simpler_design_alternatives(("nodes-prefetch",)))
 FLAVOUR = {measuring.LOAD_ONLY: "load-only (loader and hooks)", measuring.STEP_ONLY: "step-only",
-           measuring.STEP_ONLY_RAW: "step-only (raw loop)", SERIAL: "regular", "alt:nodes-prefetch": "dataloader_iter"}
+           measuring.STEP_ONLY_RAW: "step-only (raw loop)", SERIAL: "regular", "alt:nodes-prefetch": "dataloader_iter",
+           "alt:hook-work-in-workers": "regular", "alt:hook-work-in-mapper-threads": "regular"}
 ENTRIES = workloads.design_entries(DEPTHS)
-CASES = [(point, who) for point in POINTS for who in (*ALTERNATIVES, *BASELINES, *ENTRIES)]
+EVERY = (*ALTERNATIVES, *BASELINES, *ENTRIES)
+CASES = [(point, who) for point in POINTS for who in EVERY]
+MAPPER_THREADS = workloads.ALTERNATIVE_WORKERS
 
 
 def _targets(bench, point: str) -> tuple[float, float]:
@@ -49,7 +56,7 @@ def _targets(bench, point: str) -> tuple[float, float]:
 
 def _hook_work_ms(bench, n: int, iterations: int) -> float:
     """Milliseconds of one batch's hook work on this thread: the fastest of ``n`` (as the burner's own calibration,
-    what it costs on a core nobody else is using; the rounds then measure what M was)."""
+    what it costs on a core nobody else is using; the pilot rounds then correct it under the load of the moment)."""
     samples = []
     for _ in range(n):
         start = time.perf_counter()
@@ -59,21 +66,38 @@ def _hook_work_ms(bench, n: int, iterations: int) -> float:
 
 
 def _knobs(bench, point: str) -> tuple[int, int]:
-    """Matmul iterations of the hooks (M) and of the step (C) that measure this point's nominal M and C."""
+    """Matmul iterations of the hooks (M) and of the step (C) that measure this point's nominal M and C, under the
+    load of the moment (``workloads.settle``)."""
     m_ms, c_ms = _targets(bench, point)
     n = bench.sizes.calibration_batches
     step = bench.calibrated(f"S6 C={c_ms:g}", lambda: workloads.calibrate_step(
         partial(workloads.step_only_ms, bench.burner, bench.root, ROWS, FEATURES, n), c_ms, bench.burner.ms_per_matmul))
     hooks = bench.calibrated(f"S6 M={m_ms:g}", lambda: workloads.calibrate_step(
         partial(_hook_work_ms, bench, n), m_ms, bench.burner.ms_per_matmul))
-    return int(hooks.value), int(step.value)
+
+    def pilot(m_knob: workloads.Knob, c_knob: workloads.Knob) -> tuple[float, float]:
+        runs = {who: partial(_run, bench, int(m_knob.value), int(c_knob.value), who)
+                for who in (measuring.LOAD_ONLY, measuring.STEP_ONLY)}
+        data = measuring.Interleaved(runs, bench.sizes.skip, bench.sizes.pilot_rounds, warmup=0)
+        m = statistics.median(p.hook_ms_per_batch() or 0.0 for p in data.measurement(measuring.LOAD_ONLY).probes)
+        return m, data.measurement(measuring.STEP_ONLY).median_ms
+
+    settled = bench.calibrated(f"S6 {point}", lambda: workloads.settle(
+        pilot, workloads.Knob(hooks.value, m_ms, hooks.overhead_ms, integer=True),
+        workloads.Knob(step.value, c_ms, step.overhead_ms, integer=True), bench.sizes.recalibrations))
+    return int(settled.first.value), int(settled.second.value)
 
 
 def _once(bench, point: str, who: str) -> measuring.Probe:
-    hook_iterations, iterations = _knobs(bench, point)
+    return _run(bench, *_knobs(bench, point), who)
+
+
+def _run(bench, hook_iterations: int, iterations: int, who: str) -> measuring.Probe:
     n = bench.sizes.s6_batches
     probe = measuring.Probe()
-    dataset = workloads.TimedDataset(n, bench.sizes.s6_base_ms, probe, ROWS, FEATURES)
+    in_workers = hook_iterations if who == "alt:hook-work-in-workers" else 0
+    dataset = workloads.TimedDataset(n, bench.sizes.s6_base_ms, probe, ROWS, FEATURES,
+                                     burner=bench.burner, work_iterations=in_workers)
     data = workloads.loader(dataset, workloads.ALTERNATIVE_WORKERS)
     regular = partial(workloads.RegularStep, probe, FEATURES, bench.burner, iterations, hook_iterations)
     iterating = partial(workloads.IterStep, probe, FEATURES, bench.burner, iterations, hook_iterations)
@@ -97,18 +121,29 @@ def _once(bench, point: str, who: str) -> measuring.Probe:
         workloads.fit_closing(None, bench.root, regular(), data)
     elif who == "alt:nodes-prefetch":
         workloads.fit_closing(None, bench.root, iterating(), data, wrap=workloads.nodes_loader)
+    elif who == "alt:hook-work-in-workers":  # the work ran in the dataset, in the workers; the hooks do none
+        workloads.fit_closing(None, bench.root, workloads.RegularStep(probe, FEATURES, bench.burner, iterations), data)
+    elif who == "alt:hook-work-in-mapper-threads":
+        work = partial(_hook_work_on_batch, bench.burner, hook_iterations)
+        workloads.fit_closing(None, bench.root, workloads.RegularStep(probe, FEATURES, bench.burner, iterations), data,
+                              wrap=partial(workloads.mapped_loader, work, MAPPER_THREADS))
+    elif who in ALTERNATIVES:  # the simpler design over the worker loader prefetched by torchdata nodes
+        design, _ = workloads.simpler_design_alternatives(("nodes-prefetch",))[who]
+        workloads.fit_closing(design, bench.root, iterating(), data, wrap=workloads.nodes_loader)
     else:
         workloads.fit_closing(ENTRIES[who], bench.root, iterating(), data)
     measuring.check_exactly_once(probe.received, n)
     return probe
 
 
+def _hook_work_on_batch(burner: workloads.Burner, iterations: int, batch):
+    burner.run(iterations)
+    return batch
+
+
 def _point(bench, point: str) -> measuring.Interleaved:
-    sizes = bench.sizes
-    runs = {who: partial(_once, bench, point, who) for who in (*ALTERNATIVES, *BASELINES, *ENTRIES)}
-    return bench.store.point(
-        ("S6", point), lambda: measuring.Interleaved(runs, sizes.s6_batches, sizes.rounds, sizes.warmup)
-    )
+    runs = {who: partial(_once, bench, point, who) for who in EVERY}
+    return bench.interleaved(("S6", point), runs, bench.sizes.rounds, bench.sizes.warmup)
 
 
 @pytest.mark.parametrize(("point", "who"), CASES, ids=[f"{p}-{w}" for p, w in CASES])
@@ -122,7 +157,7 @@ def test_s6_main_process_work(benchmark, bench, point: str, who: str) -> None:
     hook_ms = statistics.median(p.hook_ms_per_batch() or 0.0 for p in data.measurement(SERIAL).probes)
     common = dict(point=point, L_target_ms=sizes.s6_base_ms, workers=workloads.ALTERNATIVE_WORKERS,
                   M_target_ms=m_ms, C_target_ms=c_ms, M_over_C=m_ms / c_ms, M_ms=measuring.rounded(hook_ms),
-                  n_batches=sizes.s6_batches)
+                  n_batches=sizes.s6_batches, timed_batches=sizes.s6_batches - 1 - sizes.skip)
 
     if who in BASELINES:
         row = dict(design=who, role="baseline", flavour=FLAVOUR[who], **common,
@@ -131,15 +166,16 @@ def test_s6_main_process_work(benchmark, bench, point: str, who: str) -> None:
         bench.store.record("S6", row)
         return
 
-    o = measuring.overlap(data, measurement, serial=SERIAL)
-    figures = dict(**o.row(sizes.s6_batches), M_over_C_measured=measuring.rounded(hook_ms / o.c))
+    o = measuring.overlap(data, who, serial=SERIAL)
+    figures = dict(**o.row(), M_over_C_measured=measuring.rounded(hook_ms / o.c))
     if who in ALTERNATIVES:
-        row = dict(design=who, role="alternative", flavour=FLAVOUR[who], **common, **figures,
+        row = dict(design=who, role="alternative", flavour=FLAVOUR.get(who, "dataloader_iter"), **common, **figures,
                    rounds=measurement.rounds)
     else:
         design = ENTRIES[who]
         row = dict(design=design.id, role="design", flavour="dataloader_iter", depth=workloads.depth_of(design),
-                   default=workloads.is_default(design), off_main_thread=workloads.off_main_share(measurement.probes), **common, **figures,
-                   **measuring.versus_alternatives(data, measurement, ALTERNATIVES), rounds=measurement.rounds)
+                   default=workloads.is_default(design), off_main_thread=workloads.off_main_share(measurement.probes),
+                   **common, **figures, **measuring.versus_alternatives(data, who, ALTERNATIVES),
+                   **workloads.versus_fixed_depths(data, who, design, ENTRIES), rounds=measurement.rounds)
     bench.extra_info(benchmark, row)
     bench.store.record("S6", row)

@@ -23,7 +23,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from torchdata import nodes
 
-from benchmarks.measuring import Probe
+from benchmarks.measuring import Interleaved, Probe
+from benchmarks.targets import RATIO_TOLERANCE
 from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
 from tests.conformance.harness import QUIET
@@ -47,13 +48,16 @@ class TimedDataset(Dataset):
     """Map-style; item ``i`` is batch ``i`` of shape ``(rows, 1 + features)`` with ``i`` in column 0.
 
     Producing item ``i`` takes ``load_ms[i]`` ms: the tensor is built (a fresh copy, so memory in flight is real),
-    then the rest of the time is slept, as I/O latency would. Use with ``DataLoader(batch_size=None)``.
+    then the rest of the time is slept, as I/O latency would; ``work_iterations`` matmuls of ``burner`` per item
+    come on top (work a user moved into the dataset). Use with ``DataLoader(batch_size=None)``.
     """
 
     def __init__(
-        self, n: int, load_ms: float | Sequence[float], probe: Probe, rows: int, features: int, seed: int = 0
+        self, n: int, load_ms: float | Sequence[float], probe: Probe, rows: int, features: int, seed: int = 0,
+        burner: Burner | None = None, work_iterations: int = 0,
     ) -> None:
         self.n = n
+        self.burner, self.work_iterations = burner, work_iterations  # tensor work per item (S6: M in the workers)
         loads = [float(load_ms)] * n if isinstance(load_ms, (int, float)) else [float(x) for x in load_ms]
         if len(loads) != n:
             raise ValueError(f"{len(loads)} load times for {n} items")
@@ -72,8 +76,9 @@ class TimedDataset(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         start = time.perf_counter()
-        self.probe.load_started()
         batch = self.make(i)
+        if self.work_iterations:
+            self.burner.run(self.work_iterations)
         remaining = start + self.load_s[i] - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)
@@ -95,6 +100,14 @@ def nodes_loader(data: DataLoader) -> nodes.Loader:
     """``data`` wrapped in torchdata ``nodes`` prefetching: a thread iterates the loader and keeps
     ``NODES_PREFETCH_FACTOR`` batches ready; Lightning still runs the batch-transfer hooks on the main thread."""
     return nodes.Loader(nodes.Prefetcher(nodes.IterableWrapper(data), NODES_PREFETCH_FACTOR))
+
+
+def mapped_loader(work: Callable[[Any], Any], threads: int, data: DataLoader) -> nodes.Loader:
+    """``data`` with ``work`` applied to each batch by torchdata ``ParallelMapper`` threads (in order), then
+    prefetched: where a user can move per-batch main-process work that releases the GIL."""
+    mapped = nodes.ParallelMapper(nodes.IterableWrapper(data), work, num_workers=threads, method="thread",
+                                  in_order=True)
+    return nodes.Loader(nodes.Prefetcher(mapped, NODES_PREFETCH_FACTOR))
 
 
 def jittered_loads(n: int, mean_ms: float, seed: int) -> list[float]:
@@ -330,13 +343,16 @@ def calibrate_step(step_only_ms: Callable[[int], float], target_ms: float, ms_pe
     overhead = step_only_ms(0)
     guess = max(1, round((target_ms - overhead) / ms_per_iteration))
     first = step_only_ms(guess)
-    per_iteration = max((first - overhead) / guess, 1e-6)
+    # Why a floor: a matmul never runs faster than on an idle core (``ms_per_iteration``, with slack); a measurement
+    # barely above the loop's cost would otherwise ask for a thousandfold more matmuls
+    floor = ms_per_iteration / 2
+    per_iteration = max((first - overhead) / guess, floor)
     iterations = max(0, round((target_ms - overhead) / per_iteration))
     measured = step_only_ms(iterations)
     for _ in range(CALIBRATION_CORRECTIONS):
         if abs(measured - target_ms) <= CALIBRATION_TOLERANCE * target_ms or not iterations:
             break
-        per_iteration = max((measured - overhead) / iterations, 1e-6)
+        per_iteration = max((measured - overhead) / iterations, floor)
         iterations = max(0, round((target_ms - overhead) / per_iteration))
         measured = step_only_ms(iterations)
     return Calibration(target_ms, iterations, first, measured, overhead)
@@ -350,18 +366,90 @@ def calibrate_load(load_only_ms: Callable[[float], float], target_ms: float) -> 
     return Calibration(target_ms, sleep, first, load_only_ms(sleep))
 
 
+@dataclass(frozen=True)
+class Knob:
+    """One input of a point set to hit a nominal time: matmul iterations (``integer``) or a sleep in ms.
+
+    What the baseline measures is ``fixed_ms`` (the loop's own cost per batch, or building the batch) plus a part
+    proportional to ``value``, so a measurement off the target corrects the value in proportion.
+    """
+
+    value: float
+    target_ms: float
+    fixed_ms: float
+    integer: bool
+
+    # Why bounded: a measurement hardly above the fixed cost (a burst of other work in the baseline's loop) would
+    # otherwise scale the value a thousandfold, and the next run would take minutes.
+    MAX_CORRECTION = 2.0
+
+    def corrected(self, measured_ms: float) -> Knob:
+        scale = (self.target_ms - self.fixed_ms) / max(measured_ms - self.fixed_ms, 1e-6)
+        value = self.value * min(max(scale, 1.0 / self.MAX_CORRECTION), self.MAX_CORRECTION)
+        return replace(self, value=max(0, round(value)) if self.integer else max(0.0, value))
+
+
+@dataclass
+class Settled:
+    """A point's two knobs after the pilot rounds, and the ratio each pilot measured (``as_note`` for the notes)."""
+
+    first: Knob
+    second: Knob
+    pilots: list[tuple[float, float]]  # (first side ms, second side ms) measured by each pilot
+
+    def as_note(self) -> dict[str, Any]:
+        return dict(first=round(self.first.value, 4), second=round(self.second.value, 4),
+                    pilots_ms=[[round(a, 3), round(b, 3)] for a, b in self.pilots])
+
+
+def settle(pilot: Callable[[Knob, Knob], tuple[float, float]], first: Knob, second: Knob, attempts: int) -> Settled:
+    """Knobs whose times, measured by ``pilot`` (a few rounds interleaved as the point's own, medians), stand in
+    the nominal ratio: each knob is corrected from its own measurement until the ratio is within half of
+    ``targets.RATIO_TOLERANCE`` (the rest is left for drift during the rounds), at most ``attempts`` corrections;
+    the knobs of the closest pilot are kept.
+
+    Why in the point's own conditions: calibrated alone, before the rounds and from a fastest run, C came out
+    smaller than the rounds then measured it, and most points ran 10-20 % off their nominal ratio.
+    """
+    nominal = first.target_ms / second.target_ms
+
+    def miss(measured: tuple[float, float]) -> float:
+        return abs((measured[0] / measured[1]) / nominal - 1.0)
+
+    tried = [(first, second, pilot(first, second))]
+    for _ in range(attempts):
+        first, second, measured = tried[-1]
+        if miss(measured) <= RATIO_TOLERANCE / 2:
+            break
+        first, second = first.corrected(measured[0]), second.corrected(measured[1])
+        tried.append((first, second, pilot(first, second)))
+    # the knobs whose pilot came closest (a correction measured during a burst of other work can overshoot)
+    best = min(tried, key=lambda t: miss(t[2]))
+    return Settled(best[0], best[1], [t[2] for t in tried])
+
+
 CALIBRATION_REPEATS = 2
 
 
-def timed_epoch(run: Callable[[Probe], None], n: int) -> float:
-    """Milliseconds per batch of ``run(probe)`` over ``n`` batches: the faster of ``CALIBRATION_REPEATS`` runs, so
-    a burst of other work during one calibration run does not set C for the whole session."""
+CALIBRATION_SKIP = 2  # batches before a calibration run's timed window (Probe.per_batch_s)
+
+
+def timed_epoch(run: Callable[[Probe], None]) -> float:
+    """Steady-state milliseconds per batch of ``run(probe)``: the faster of ``CALIBRATION_REPEATS`` runs, so a burst
+    of other work during one calibration run does not set C for the whole session (the pilot rounds of each
+    point then correct it under the load of the moment)."""
     times = []
     for _ in range(CALIBRATION_REPEATS):
         probe = Probe()
         run(probe)
-        times.append(probe.span() / n * 1000.0)
+        times.append(probe.per_batch_s(CALIBRATION_SKIP) * 1000.0)
     return min(times)
+
+
+def pilot_medians(runs: dict[str, Callable[[], Probe]], skip: int, rounds: int) -> dict[str, float]:
+    """Median steady-state milliseconds per batch of each run, over ``rounds`` interleaved rounds."""
+    data = Interleaved(runs, skip, rounds, warmup=0)
+    return {name: data.measurement(name).median_ms for name in runs}
 
 
 def step_only_ms(burner: Any, root: Path, rows: int, features: int, n: int, iterations: int) -> float:
@@ -372,7 +460,7 @@ def step_only_ms(burner: Any, root: Path, rows: int, features: int, n: int, iter
         module = RegularStep(probe, features, burner, iterations)
         run_step_only(module, [dataset.make(i) for i in range(n)], root)
 
-    return timed_epoch(run, n)
+    return timed_epoch(run)
 
 
 # ------------------------------------------------------------------------------------------------- entries
@@ -387,6 +475,30 @@ def design_entries(depths: Sequence[int]) -> dict[str, Design]:
                 variant = design.variant(**{design.prefetch_depth_option: depth})
                 entries.setdefault(variant.id, variant)
     return entries
+
+
+# The design the thread is weighed against (the same contract, no thread) composed with what users already use.
+SIMPLER_DESIGN = "batch_processor"
+
+
+def simpler_design_alternatives(compositions: Sequence[str] = ("workers", "nodes-prefetch")) -> dict[str, tuple]:
+    """Alternative entry -> (design, composition) for the simpler design over DataLoader workers and over torchdata
+    ``nodes`` prefetching (empty when that design is not registered)."""
+    design = IMPLEMENTATIONS.get(SIMPLER_DESIGN)
+    if design is None:
+        return {}
+    return {f"alt:{design.id}+{composition}": (design, composition) for composition in compositions}
+
+
+def versus_fixed_depths(data: Interleaved, who: str, design: Design, entries: dict[str, Design]) -> dict[str, Any]:
+    """For an entry whose depth the design chooses itself (``"auto"``): its time per batch over each fixed-depth
+    entry of the same design, per round with a 95 % interval. Once it settles on a depth, the ratio to that depth
+    is the spread between two identical configurations, which is what noise alone does to a ratio."""
+    if isinstance(depth_of(design), int) or not design.prefetch_depth_option or who not in entries:
+        return {}
+    fixed = {depth_of(d): key for key, d in entries.items()
+             if d.name == design.name and isinstance(depth_of(d), int) and key != who}
+    return {"vs_fixed_depth": {str(depth): data.ratio(who, key) for depth, key in sorted(fixed.items())}}
 
 
 def depth_of(design: Design) -> Any:

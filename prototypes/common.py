@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,7 +81,8 @@ def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     Why: under DDP each step call ends in a gradient all-reduce. A rank whose shard ends early (an unevenly
     sharded IterableDataset) and stops would leave its peers blocked in that collective until the process-group
     timeout (the hang of HF Accelerate #2258). One all-reduce(MIN) of a one-element flag per step call makes all
-    ranks stop at the same step call. Without a process group it returns ``has_batch`` unchanged.
+    ranks stop at the same step call. Without a process group it returns ``has_batch`` unchanged. A design may
+    skip the vote where ``end_of_data_vote_needed`` says the loaders end every rank together.
     """
     import torch
     import torch.distributed as dist
@@ -91,6 +92,43 @@ def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     flag = torch.tensor([int(has_batch)], device=trainer.strategy.root_device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def ranks_end_together(dataloaders: Iterable[Any]) -> bool:
+    """Whether every rank is certain to get as many batches from ``dataloaders`` as every other rank, so the ranks
+    need not vote on the end of data: each is a DataLoader over a map-style dataset whose samples come from a
+    ``DistributedSampler`` (which pads or drops so every rank gets the same count; Lightning injects one into every
+    map-style training loader by default), batched by no batch sampler or by torch's own ``BatchSampler``.
+
+    Anything else (an ``IterableDataset`` sharded by rank, a custom batch sampler that may yield a different number
+    of batches per rank, a loader that is not a DataLoader) keeps the vote.
+    """
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
+
+    def equal_length(loader: Any) -> bool:
+        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+            return False
+        batches = loader.batch_sampler
+        if batches is None:
+            return isinstance(loader.sampler, DistributedSampler)
+        return type(batches) is BatchSampler and isinstance(batches.sampler, DistributedSampler)
+
+    loaders = list(dataloaders)
+    return bool(loaders) and all(equal_length(loader) for loader in loaders)
+
+
+def end_of_data_vote_needed(trainer: pl.Trainer, dataloaders: Iterable[Any]) -> bool:
+    """Whether the ranks must vote on the end of data (``every_rank_has_a_batch``) while iterating ``dataloaders``:
+    under DDP with more than one rank, unless the loaders give every rank the same number of batches.
+
+    Why decide once per epoch: the vote is an all-reduce and a host sync (``.item()``) per step call; with
+    equal-length loaders every rank reaches the end at the same step call without it.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
+        return False
+    return not ranks_end_together(dataloaders)
 
 
 def refuse_mixed_step_signature(step: Callable[..., Any], hook_name: str) -> None:

@@ -28,7 +28,7 @@ from pytorch_lightning.loops.utilities import _is_max_limit_reached
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
 
-from prototypes.common import NoProgressGuard, every_rank_has_a_batch
+from prototypes.common import NoProgressGuard, end_of_data_vote_needed, every_rank_has_a_batch
 
 
 # ----------------------------------------------------------------------- [RFC 1] progress counts batches
@@ -91,8 +91,19 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
         # step still holds belong to this epoch's training (C17)
         data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
+        if not data_ended and not self._ranks_vote_every_step():
+            return  # every rank's data ends at the same step call: before it there is nothing to agree on
         if every_rank_has_a_batch(self.trainer, data_ended and not last_call_saw_end):
             self._drain_held_batches()
+
+    def _ranks_vote_every_step(self) -> bool:
+        """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
+        combined loader: ``end_of_data_vote_needed``)."""
+        combined = self.trainer.fit_loop._combined_loader
+        if getattr(self, "_vote_decided_for", None) is not combined:
+            flattened = combined.flattened if combined is not None else []
+            self._vote_decided_for, self._vote_every_step = combined, end_of_data_vote_needed(self.trainer, flattened)
+        return self._vote_every_step
 
     def _drain_held_batches(self) -> None:
         with self._draining():
@@ -187,11 +198,21 @@ def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = 
 
 
 # ----------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
+def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], list[dict] | None]:
+    """A function returning the loaders' state at the moment it is called, or None when no loader can be resumed
+    (only stateful loaders are checkpointed).
+
+    Why decided once: whether a loader is stateful is a runtime ``Protocol`` check (``typing._get_protocol_attrs``,
+    tens of microseconds), too costly to repeat for every batch, and the loaders do not change within an epoch.
+    """
+    if combined_loader is None or not any(isinstance(dl, _Stateful) for dl in combined_loader.flattened):
+        return lambda: None
+    return combined_loader._state_dicts
+
+
 def loader_states(combined_loader: CombinedLoader | None) -> list[dict] | None:
     """The loaders' state now, or None when no loader can be resumed (only stateful loaders are checkpointed)."""
-    if combined_loader is None or not any(isinstance(dl, _Stateful) for dl in combined_loader.flattened):
-        return None
-    return combined_loader._state_dicts()
+    return loader_state_reader(combined_loader)()
 
 
 class BatchCountingFitLoop(_FitLoop):

@@ -303,7 +303,7 @@ def test_a_miss_never_reads_like_the_threshold(rfc):
     write_results(rfc, conformance(), benchmarks(beta_efficiency=0.9489))
     run(rfc)
     text = (rfc / "generated" / "benchmarks.md").read_text()
-    assert "| `beta` | – | 0.9489 | – | **missed** |" in text
+    assert "| `beta` | – | 0.9489 | – | – | **missed** |" in text
 
 
 def test_clause_tests_block_lists_each_clauses_test_functions_once(rfc):
@@ -337,16 +337,44 @@ def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(r
              time_per_batch_ms=10.5, efficiency=0.96, vs_best_alternative=0.875, C_raw_ms=9.0),
         dict(design="baseline:regular", role="baseline", point="L=C", time_per_batch_ms=20.0),
     ]
+    bench["scenarios"]["S1"][1]["efficiency_interval"] = [0.94, 0.97]
+    reason = "measured L/C 0.80 is off the nominal 1.00 by more than 10%"
     bench["targets"] = {"S1": {"what": "efficiency at L = C", "metric": "efficiency", "compare": ">=",
-                               "threshold": 0.95, "results": [dict(design="beta", value=0.96, met=True, point="L=C",
-                                                                   L_over_C=1.0, L_over_C_measured=0.8)]}}
+                               "threshold": 0.95, "results": [dict(design="beta", value=0.96, interval=[0.94, 0.97],
+                                                                   verdict="not judged", reason=reason, met=False,
+                                                                   point="L=C", L_over_C=1.0, L_over_C_measured=0.8)]}}
     write_results(rfc, conformance(), bench)
     assert run(rfc).returncode == 0
     text = (rfc / "generated" / "benchmarks.md").read_text()
-    assert "| `beta` | L=C | 0.80 | 10.5 | 0.96 | 0.875 | S1 met |" in text
+    # figures carry their 95 % interval; the row names its verdict
+    assert "| `beta` | L=C | 0.80 | 10.5 | 0.96 [0.94, 0.97] | 0.875 | S1 not judged |" in text
     assert "| `alt:workers` *(alternative)* | L=C | 0.80 | 12.0 | 0.80 | – | – |" in text
-    # the calibration missed the nominal ratio by more than 10 %: the targets table says so next to the verdict
-    assert "| S1 | `efficiency` ≥ 0.95 | `beta` | L=C | 0.96 | L/C 0.80 (**off** the nominal 1.00 by more than 10 %) | met |" in text
+    # the point missed its nominal ratio by more than 10 %: not judged, and the targets table says why
+    assert ("| S1 | `efficiency` ≥ 0.95 | `beta` | L=C | 0.96 | [0.94, 0.97] | L/C 0.80 (**off** the nominal 1.00 by"
+            f" more than 10 %) | not judged ({reason}) |") in text
     details = text.split("<details><summary>Measured L, C")[1].split("</details>")[0]
     assert "`baseline:regular` *(baseline)*" in details and "9.00" in details  # baselines and raw-loop figures
     assert text.count("*Setup (benchmarks-python.json):*") == 1  # one setup line for the page
+
+
+def test_the_thread_decision_is_read_off_the_verdicts(rfc):
+    """Decision 2 says "by default" only when every S1 and S6 point shows the thread faster than the fastest
+    alternative (the whole interval below 1); one point that is not distinguishable makes it opt-in, named."""
+    (rfc / "decision.md").write_text("<!-- BEGIN GENERATED: decision -->\n<!-- END GENERATED: decision -->\n")
+
+    def rendered(verdicts: list[str]) -> str:
+        bench = benchmarks()
+        intervals = {"met": [0.8, 0.95], "inconclusive": [0.95, 1.05], "missed": [1.02, 1.2]}
+        bench["targets"] = {name: {"metric": "vs_best_alternative", "compare": "<=", "threshold": 1.0, "results": [
+            dict(design="beta", point=point, value=sum(intervals[v]) / 2, interval=intervals[v], verdict=v,
+                 met=v == "met")
+            for point, v in zip(("L=C", "L=2C"), verdicts)]} for name in ("S1-alternatives", "S6-alternatives")}
+        write_results(rfc, conformance(), bench)
+        assert run(rfc).returncode == 0
+        return (rfc / "decision.md").read_text()
+
+    assert "**Decision 2: a prefetch thread by default.**" in rendered(["met", "met"])
+    text = rendered(["met", "inconclusive"])
+    assert "**Decision 2: the prefetch thread is opt-in, not the default.**" in text
+    assert "faster at S1 L=C: 0.875 [0.800, 0.950]" in text
+    assert "not distinguishable at S1 L=2C: 1.00 [0.950, 1.05]" in text

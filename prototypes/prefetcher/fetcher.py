@@ -17,10 +17,11 @@ from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
     StepIterator,
+    end_of_data_vote_needed,
     every_rank_has_a_batch,
     transfer_batch,
 )
-from prototypes.lightning_changes import loader_states
+from prototypes.lightning_changes import loader_state_reader
 from prototypes.prefetcher.queue import Prefetcher
 
 if TYPE_CHECKING:  # the loops import this module
@@ -88,6 +89,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._agreed_head: _Produced | None = None  # the head every rank has a batch for
         self._ended_on_every_rank = False
+        self._ranks_vote = True  # whether the ranks vote on the end of data; decided per epoch (_begin)
         self._step_iterator: _StepIterator | None = None
         self._thread_records_on_profiler = False  # this fetcher's prefetch thread may record the transfer hooks
 
@@ -120,7 +122,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def _begin(self) -> _PrefetchingIterFetcher:
         self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
         self._resumed_at = 0
-        self.loader_states = loader_states(self._combined_loader)
+        self._read_loader_states = loader_state_reader(self._combined_loader)
+        self._ranks_vote = end_of_data_vote_needed(self.trainer, self._combined_loader.flattened)
+        self.loader_states = self._read_loader_states()
         self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
         self._thread_records_on_profiler = bool(self.depth) and self.transfer_ahead
         if self._thread_records_on_profiler:
@@ -192,13 +196,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
         #2258). The ranks vote once per batch (when it first becomes the next one) and once at the end, so every
         rank votes the same number of times whoever reads ``done`` how often; all end the epoch together, dropping
-        what longer shards still hold.
+        what longer shards still hold. Loaders that give every rank the same number of batches need no vote.
         """
         if self._ended_on_every_rank:
             return None
         head = self._peek()
-        if head is not None and head is self._agreed_head:
-            return head
+        if not self._ranks_vote or (head is not None and head is self._agreed_head):
+            return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
         if every_rank_has_a_batch(self.trainer, head is not None):
             self._agreed_head = head
             return head
@@ -251,13 +255,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             # that makes a resumed run start the next epoch rather than an empty rest of this one.
             batch, loader_batch_idx, dataloader_idx = next(self.iterator)
         except StopIteration:
-            raise _LoaderExhausted(loader_states(self._combined_loader)) from None
+            raise _LoaderExhausted(self._read_loader_states()) from None
         self._produced += 1
         # Why add: the combined loader counts from 0 again after a resume (and for each evaluation dataloader)
         batch_idx = self._resumed_at + loader_batch_idx
         if self.length is not None and self._produced > self.length:
             raise _LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
-        states = loader_states(self._combined_loader)  # snapshot on the thread that drives the loader: consistent
+        states = self._read_loader_states()  # snapshot on the thread that drives the loader: consistent
         ready = None
         if self.transfer_ahead and self.copy_stream is not None:
             # Why set the device: a new thread starts on device 0, whatever device this rank trains on.

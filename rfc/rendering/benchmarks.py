@@ -50,7 +50,12 @@ COLUMN_LABELS = {
     "t_raw_ms": "raw loop (ms)",
     "efficiency": "efficiency",
     "efficiency_raw_ideal": "efficiency vs raw-loop ideal",
-    "efficiency_ceiling": "efficiency ceiling",
+    "best_alternative": "fastest alternative",
+    "vs_fixed_depth": "time vs the same design at a fixed depth",
+    "overhead_vs_stock": "time vs stock, same flavour",
+    "t_stock_iter_ms": "stock dataloader_iter (ms)",
+    "timed_batches": "timed batches",
+    "workers": "workers",
     "speedup": "speed-up",
     "speedup_vs_serial": "speed-up vs serial",
     "vs_best_alternative": "time vs best alternative",
@@ -80,16 +85,17 @@ TARGETS_COLUMN = "targets"
 LAYOUTS: dict[str, dict[str, Any]] = {
     "S1": dict(lead=["design", "point", "L_over_C_measured", "time_per_batch_ms", "efficiency",
                      "vs_best_alternative", "off_main_thread", TARGETS_COLUMN],
-               details=["design", "point", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "efficiency_ceiling",
-                        "rounds"],
+               details=["design", "point", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "best_alternative",
+                        "vs_fixed_depth", "rounds"],
                raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
                     "vs_nodes_prefetch"]),
     "S2": dict(lead=["design", "time_per_batch_plain_ms", "time_per_batch_ms", "speedup", "ideal_speedup",
                      TARGETS_COLUMN],
                details=["design", "R_target_ms", "C_target_ms", "n_batches", "rounds"]),
-    "S3": dict(lead=["design", "flavour", "time_per_batch_ms", "overhead_vs_regular", "overhead_vs_raw",
+    "S3": dict(lead=["design", "flavour", "time_per_batch_ms", "overhead_vs_stock", "overhead_vs_regular",
                      "off_main_thread", TARGETS_COLUMN],
-               details=["design", "flavour", "t_regular_ms", "t_raw_ms", "n_batches", "rounds"]),
+               details=["design", "flavour", "t_regular_ms", "t_stock_iter_ms", "t_raw_ms", "overhead_vs_raw",
+                        "n_batches", "rounds"]),
     "S4": dict(lead=["design", "depth", "time_per_batch_ms", "efficiency", "peak_in_flight", "in_flight_limit",
                      "peak_rss_delta_mb", TARGETS_COLUMN],
                details=["design", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "peak_rss_mb", "off_main_thread",
@@ -101,7 +107,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
                raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal"]),
     "S6": dict(lead=["design", "point", "M_over_C_measured", "time_per_batch_ms", "efficiency",
                      "vs_best_alternative", "off_main_thread", TARGETS_COLUMN],
-               details=["design", "point", "M_ms", "C_ms", "L_ms", "t_serial_ms", "t_ideal_ms", "rounds"],
+               details=["design", "point", "M_ms", "C_ms", "L_ms", "t_serial_ms", "t_ideal_ms", "best_alternative",
+                        "vs_fixed_depth", "rounds"],
                raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
                     "vs_nodes_prefetch"]),
     "S3-profile": dict(lead=["design", "function", "extra_us_per_batch", "us_per_batch", "stock_us_per_batch"],
@@ -109,6 +116,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 }
 BASELINE_COLUMNS = ["design", "point", "flavour", "depth", "time_per_batch_ms", "rounds"]
 UNSHOWN = {"role", "default", "L_over_C", "M_over_C"}  # the design cell and the point show these
+# a figure's interval is shown with the figure: "<figure>_interval" is never a column of its own
 ROLE_NOTE = {"baseline": "baseline", "alternative": "alternative"}
 
 
@@ -153,8 +161,30 @@ def target_rule(spec: dict[str, Any]) -> str:
     return f"{code(metric)} {cell(str(compare).replace('>=', '≥').replace('<=', '≤'))} {shown}"
 
 
-def verdict(met: Any) -> str:
-    return "met" if met is True else "**missed**" if met is False else "–"
+VERDICT_TEXT = {"met": "met", "missed": "**missed**", "inconclusive": "*inconclusive*", "not judged": "not judged"}
+
+
+def verdict_of(result: dict[str, Any]) -> str | None:
+    """A judged result's verdict: met, missed, inconclusive or not judged (files without one: from ``met``)."""
+    if result.get("verdict") in VERDICT_TEXT:
+        return result["verdict"]
+    met = result.get("met")
+    return "met" if met is True else "missed" if met is False else None
+
+
+def verdict(result: dict[str, Any]) -> str:
+    text = VERDICT_TEXT.get(verdict_of(result) or "", "–")
+    if verdict_of(result) == "not judged" and result.get("reason"):
+        text += f" ({cell(result['reason'])})"
+    return text
+
+
+def with_interval(metric: str, value: Any, interval: Any) -> str:
+    """A median with its 95 % interval, e.g. ``0.93 [0.91, 0.95]``."""
+    text = fmt_number(metric, value)
+    if isinstance(interval, list) and len(interval) == 2 and all(is_number(v) for v in interval):
+        text += f" [{fmt_number(metric, interval[0])}, {fmt_number(metric, interval[1])}]"
+    return text
 
 
 def target_result_cell(result: dict[str, Any], metric: str, threshold: Any = None) -> str:
@@ -162,11 +192,13 @@ def target_result_cell(result: dict[str, Any], metric: str, threshold: Any = Non
     text = fmt_number(metric, value) if is_scalar(value) else code(json.dumps(value))
     if is_number(value) and is_number(threshold) and text == fmt_number(metric, threshold) and value != threshold:
         text = f"{value:.4f}"  # rounding would make a miss read like the threshold itself
+    if result.get("interval"):
+        text += with_interval(metric, value, result["interval"]).removeprefix(fmt_number(metric, value))
     if result.get("point") is not None:
         text = f"{cell(result['point'])}: {text}"
     if is_number(result.get("limit")):
         text += f" (limit {fmt_number(metric, result['limit'])})"
-    return f"{text} {verdict(result.get('met'))}"
+    return f"{text} {verdict(result)}"
 
 
 CALIBRATION_TOLERANCE = 0.10  # a measured L/C or M/C further than this from the nominal one is flagged
@@ -185,7 +217,7 @@ def _measured_ratio(result: dict[str, Any]) -> str:
 
 
 def _targets_table(targets: Any) -> str:
-    """One row per judged result: target, rule, design, point, value, measured ratio, met or missed."""
+    """One row per judged result: target, rule, design, point, median, 95 % interval, measured ratio, verdict."""
     if not targets:
         return "No targets recorded in the results file."
     rows, notes = [], []
@@ -201,12 +233,21 @@ def _targets_table(targets: Any) -> str:
                 shown = f"{value:.4f}"  # rounding would make a miss read like the threshold itself
             if is_number(r.get("limit")):
                 shown += f" (limit {fmt_number(metric, r['limit'])})"
+            interval = r.get("interval")
+            shown_interval = (with_interval(metric, value, interval).removeprefix(fmt_number(metric, value)).strip()
+                              if interval else "–")
             rows.append([cell(name), target_rule(spec), code(r.get("design", "?")), cell(r.get("point") or "–"),
-                         shown, _measured_ratio(r), verdict(r.get("met"))])
+                         shown, shown_interval, _measured_ratio(r), verdict(r)])
         if not results:
-            rows.append([cell(name), target_rule(spec), "–", "–", "–", "–", cell(spec.get("note") or "no result")])
+            rows.append([cell(name), target_rule(spec), "–", "–", "–", "–", "–",
+                         cell(spec.get("note") or "no result")])
         notes.append(f"- **{cell(name)}**: {cell(spec.get('what', ''))}")
-    return (table(["Target", "Rule", "Design", "Point", "Measured", "Measured ratio", "Verdict"], rows)
+    legend = ("Median over rounds, and its 95 % interval (order statistics of the per-round figures). Verdict: met or"
+              " missed when the whole interval is on one side of the threshold, *inconclusive* when it straddles"
+              " it, not judged (with the reason) when there is no interval or the point's measured ratio is off"
+              " its nominal value.")
+    return (table(["Target", "Rule", "Design", "Point", "Median", "95 % interval", "Measured ratio", "Verdict"], rows)
+            + "\n\n" + legend
             + "\n\n<details><summary>What each target judges</summary>\n\n" + "\n".join(notes) + "\n\n</details>")
 
 
@@ -216,11 +257,11 @@ def row_verdicts(row: dict[str, Any], scenario: str, targets: dict[str, Any]) ->
     for name, spec in (targets or {}).items():
         if name.split("-")[0] != scenario:
             continue
-        if scenario == "S3" and row.get("flavour") != "dataloader_iter":
+        if scenario == "S3" and row.get("flavour") != ("regular" if name == "S3-regular" else "dataloader_iter"):
             continue
         for r in spec.get("results") or []:
             if r.get("design") == row.get("design") and r.get("point") == row.get("point"):
-                out.append(f"{cell(name)} {verdict(r.get('met'))}")
+                out.append(f"{cell(name)} {VERDICT_TEXT.get(verdict_of(r) or '', '–')}")
     return "<br>".join(out) or "–"
 
 
@@ -244,8 +285,11 @@ def _columns_table(rows: list[dict[str, Any]], keys: list[str], targets: dict[st
                 cells.append(fmt_number("ratio", l_over_c(row)))
             elif k == "off_main_thread" and is_number(row.get(k)):
                 cells.append(f"{row[k]:.0%}")
+            elif k == "vs_fixed_depth" and isinstance(row.get(k), dict):
+                cells.append("<br>".join(f"depth {depth}: {with_interval('ratio', v.get('value'), v.get('interval'))}"
+                                         for depth, v in row[k].items()) or "–")
             else:
-                cells.append(fmt_number(k, row.get(k)))
+                cells.append(with_interval(k, row.get(k), row.get(f"{k}_interval")))
         body.append(cells)
     headers = [COLUMN_LABELS.get(k, code(k)) if k != TARGETS_COLUMN else "targets" for k in keys]
     numeric = [all(is_number(r.get(k)) or r.get(k) is None for r in rows) and k not in ("design", "point",
@@ -284,8 +328,8 @@ def scenario_tables(data: dict[str, Any], scenario: str) -> str:
     if baselines:
         behind.append(_columns_table(baselines, BASELINE_COLUMNS, targets, scenario))
     shown = {k for name in ("lead", "details", "raw") for k in layout.get(name, [])} | set(BASELINE_COLUMNS)
-    other = [k for k in dict.fromkeys(k for r in rows for k, v in r.items() if is_scalar(v))
-             if k not in shown and k not in UNSHOWN]
+    other = [k for k in dict.fromkeys(k for r in rows for k, v in r.items() if is_scalar(v) or k.endswith("_interval"))
+             if k not in shown and k not in UNSHOWN and not k.endswith("_interval")]
     if other:  # whatever else the rows record (a schema addition shows up here without a layout change)
         behind.append(_columns_table(rows, ["design", "point", *other], targets, scenario))
     if any(behind):

@@ -26,6 +26,7 @@ from rendering.conformance import (
     block_matrix,
 )
 from rendering.coupling import COUPLING_BLOCKS
+from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.markdown import once_per_page
 from rendering.plots import PLOTS, Plot, plot_block
@@ -44,6 +45,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "designs": block_designs,
     "clause-tests": block_clause_tests,
     "standing": block_standing,
+    "decision": block_decision,
     "matrix": block_matrix,
     "expected-failures": block_expected_failures,
     "failures": block_failures,
@@ -129,12 +131,17 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
 
 
 def _hand_written_pages(inputs: Inputs) -> list[Path]:
+    """The RFC's pages, and the site's home page (``docs/index.md`` next to the RFC directory), which leads with
+    the decision and the standing table."""
     skip = {inputs.out_dir.resolve(), inputs.results_dir.resolve()}
     pages = []
     for path in sorted(inputs.rfc_dir.rglob("*.md")):
         if any(parent.resolve() in skip for parent in path.parents):
             continue
         pages.append(path)
+    home = inputs.rfc_dir.parent / "docs" / "index.md"
+    if home.is_file():
+        pages.append(home)
     return pages
 
 

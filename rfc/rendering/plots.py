@@ -33,16 +33,25 @@ def _label(row: dict[str, Any]) -> str:
     return f"{row.get('design', '?')} ({role})" if role == "alternative" else str(row.get("design", "?"))
 
 
+def _interval(row: dict[str, Any], y: str) -> tuple[float, float]:
+    """The 95 % interval of ``row[y]`` (the value itself where the row records none)."""
+    interval = row.get(f"{y}_interval")
+    if isinstance(interval, list) and len(interval) == 2 and all(is_number(v) for v in interval):
+        return round(float(interval[0]), 6), round(float(interval[1]), 6)
+    return round(float(row[y]), 6), round(float(row[y]), 6)
+
+
 def _series(rows: list[dict[str, Any]], x: Callable[[dict[str, Any]], float | None], y: str,
-            roles: tuple[str, ...] = ("design", "alternative")) -> dict[str, list[tuple[float, float]]]:
-    points: dict[str, list[tuple[float, float]]] = defaultdict(list)
+            roles: tuple[str, ...] = ("design", "alternative")) -> dict[str, list[tuple[float, ...]]]:
+    """Per label: (x, y, interval low, interval high) points."""
+    points: dict[str, list[tuple[float, ...]]] = defaultdict(list)
     for row in rows:
         if row.get("role", "design") not in roles:
             continue
         xv, yv = x(row), row.get(y)
         if xv is None or not is_number(yv):
             continue
-        points[_label(row)].append((round(xv, 6), round(float(yv), 6)))
+        points[_label(row)].append((round(xv, 6), round(float(yv), 6), *_interval(row, y)))
     return {label: sorted(p) for label, p in points.items()}
 
 
@@ -66,10 +75,12 @@ def _hook_work_points(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _overhead_points(data: dict[str, Any]) -> dict[str, Any]:
-    bars = [(f"{r['design']} ({r.get('flavour')})", round(float(r["overhead_vs_regular"]), 6))
-            for r in data["scenarios"].get("S3") or []
-            if r.get("role") == "design" and is_number(r.get("overhead_vs_regular"))]
-    return {"bars": bars, "target": _target(data, "S3")} if bars else {}
+    rows = [r for r in data["scenarios"].get("S3") or [] if r.get("role") == "design"]
+    metric = "overhead_vs_stock" if any(is_number(r.get("overhead_vs_stock")) for r in rows) else "overhead_vs_regular"
+    bars = [(f"{r['design']} ({r.get('flavour')})", round(float(r[metric]), 6), *_interval(r, metric))
+            for r in rows if is_number(r.get(metric))]
+    targets = {f: _target(data, name) for f, name in (("dataloader_iter", "S3"), ("regular", "S3-regular"))}
+    return {"bars": bars, "metric": metric, "targets": targets} if bars else {}
 
 
 def _memory_points(data: dict[str, Any]) -> dict[str, Any]:
@@ -95,10 +106,13 @@ def _axes_title(ax: Any, data: dict[str, Any], what: str) -> None:
 def _draw_efficiency(data: dict[str, Any], points: dict[str, Any], ax: Any, xlabel: str, target_label: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
-    ratios = sorted({x for p in points["series"].values() for x, _ in p})
+    ratios = sorted({p[0] for pts in points["series"].values() for p in pts})
     for label, pts in points["series"].items():
         style = "--" if "alternative" in label else "-"
-        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", linestyle=style, label=label)
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        # 95 % intervals as error bars (points without one have a zero-length bar)
+        errors = [[max(0.0, p[1] - p[2]) for p in pts], [max(0.0, p[3] - p[1]) for p in pts]]
+        ax.errorbar(xs, ys, yerr=errors, marker="o", linestyle=style, capsize=3, label=label)
     ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1, label="ideal overlap: T = T_ideal")
     ax.axhline(0.0, color="0.3", linestyle=":", linewidth=1, label="no overlap: T = T_serial")
     if points.get("target") is not None:
@@ -131,13 +145,20 @@ def draw_hook_work(data: dict[str, Any], points: dict[str, Any], fig: Any) -> No
 def draw_overhead(data: dict[str, Any], points: dict[str, Any], fig: Any) -> None:
     ax = fig.subplots()
     labels, values = [b[0] for b in points["bars"]], [b[1] for b in points["bars"]]
-    ax.barh(range(len(values)), values, color=["tab:blue" if "dataloader_iter" in lb else "tab:gray" for lb in labels])
+    errors = [[max(0.0, b[1] - b[2]) for b in points["bars"]], [max(0.0, b[3] - b[1]) for b in points["bars"]]]
+    ax.barh(range(len(values)), values, xerr=errors, capsize=2,
+            color=["tab:blue" if "dataloader_iter" in lb else "tab:gray" for lb in labels])
     ax.set_yticks(range(len(values)), labels, fontsize=7)
     ax.invert_yaxis()
-    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1, label="stock regular flavour")
-    if points.get("target") is not None:
-        ax.axvline(points["target"], color="tab:red", linestyle="-.", linewidth=1, label=f"target {points['target']:g}")
-    ax.set_xlabel("time per batch / stock Lightning's regular flavour (tiny model, L = 0)")
+    same_flavour = points["metric"] == "overhead_vs_stock"
+    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1,
+               label="stock Lightning, same flavour" if same_flavour else "stock regular flavour")
+    for flavour, target in (points.get("targets") or {}).items():
+        if target is not None:
+            ax.axvline(target, color="tab:red" if flavour == "dataloader_iter" else "tab:orange", linestyle="-.",
+                       linewidth=1, label=f"target {target:g} ({flavour} flavour)")
+    ax.set_xlabel("time per batch / stock Lightning's " + ("same flavour" if same_flavour else "regular flavour")
+                  + " (tiny model; bars: 95 % intervals)")
     ax.grid(True, axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     _axes_title(ax, data, "S3 overhead per design, flavour and depth")

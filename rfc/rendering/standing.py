@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rendering.benchmarks import is_baseline, target_result_cell
+from rendering.benchmarks import is_baseline, target_result_cell, verdict_of
 from rendering.conformance import conformance_parts
 from rendering.coupling import private_names_used
 from rendering.markdown import bench_setup, code, no_results, setup_line, table
@@ -50,7 +50,7 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
     else:
         parts.append(no_results("benchmark results", BENCHMARK_COMMAND))
     if judged:
-        headers += ["benchmark targets met", "missed (measured)"]
+        headers += ["benchmark targets met", "missed, inconclusive or not judged"]
     headers.append("private Lightning names used")
 
     rows = []
@@ -70,23 +70,23 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
             else:
                 row += ["not run", "–", "–"]
         if judged:
-            met, missed = 0, []
+            met, missed, total = 0, [], 0
             for target, _, spec in judged:
                 for r in spec.get("results") or []:
-                    if design_of_row(str(r.get("design", ""))) != name:
+                    if design_of_row(str(r.get("design", ""))) != name or verdict_of(r) is None:
                         continue
-                    if r.get("met") is True:
+                    total += 1
+                    if verdict_of(r) == "met":
                         met += 1
-                    elif r.get("met") is False:
+                    else:  # missed, inconclusive or not judged: each shown with its median and verdict
                         missed.append(f"{target} {code(r.get('design'))}: "
                                       + target_result_cell(r, str(spec.get("metric", "")), spec.get("threshold")))
-            total = met + len(missed)
             row += [f"{met} of {total}" if total else "–", "<br>".join(missed) or ("none" if total else "–")]
         row.append(_coupling_cell(name))
         rows.append(row)
     legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). Benchmark "
               "targets count each judged result (a target judges a design's registered configuration, at each "
-              "point it applies to); a missed one shows its measured median. \"–\": no target applies to that "
+              "point it applies to); any other shows its median, 95 % interval and verdict. \"–\": no target applies to that "
               "design or it was not measured. Private Lightning names: read from each design's source by "
               "`python -m prototypes.coupling` (the design pages list them). Details: the conformance matrix, and "
               "the targets table of the benchmarks.")

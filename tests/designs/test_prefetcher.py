@@ -607,3 +607,57 @@ def test_transfer_hooks_are_profiled_on_two_prefetch_threads_at_once(profiler_na
         # 8 training batches, and 4 validation runs of 3 batches
         transfers = profiler.recorded_durations["[LightningModule]SlowTransfer.on_before_batch_transfer"]
         assert len(transfers) == 8 + 4 * 3
+
+
+# ------------------------------------------------------------------------------------------ the DDP end-of-data vote
+def _record_votes(directory):
+    """Wraps ``torch.distributed.all_reduce`` (the real one still runs) so each call made from the designs' code is
+    recorded with the function that asked for it, one line per call, in a file per rank process: the forked ranks
+    inherit the wrapper."""
+    import os
+    import sys
+
+    real = torch.distributed.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("prototypes"):
+            with open(directory / f"all-reduce-{os.getpid()}.txt", "a") as calls:
+                calls.write(f"{sys._getframe(2).f_code.co_name}\n")  # the caller of the vote
+        return real(tensor, *args, **kwargs)
+
+    return all_reduce
+
+
+def _votes(directory) -> list[list[str]]:
+    """Per rank process: who asked for each vote, in order."""
+    return [path.read_text().splitlines() for path in sorted(directory.glob("all-reduce-*.txt"))]
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_loaders_end_together_take_no_vote_per_step_uneven_shards_still_vote(tmp_path, monkeypatch):
+    """Under 2-rank gloo DDP: loaders whose samples come from a DistributedSampler (Lightning's injected one, or the
+    user's) give every rank the same number of batches, so no step call pays the vote's all-reduce and host sync,
+    only the epoch's end (whether to drain, and each drain call) does; an IterableDataset sharded unevenly by rank
+    still votes on every batch and every rank stops at the same step call (C16)."""
+    from tests.conformance import ddp
+
+    even, uneven = tmp_path / "even", tmp_path / "uneven"
+    even.mkdir()
+    uneven.mkdir()
+    monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(even))
+    fits = [("injected", (1,)), ("explicit", (2,))]  # 4 and 2 step calls on each rank
+    shared = ddp.launch(PREFETCHER, [fits])
+    for run in shared.values():
+        for rank, outcome in enumerate(ddp.require_all_reported(run)):
+            assert outcome["error"] is None and outcome["step_calls"] > 0, f"rank {rank}: {outcome['error']}"
+    # per rank and fit: one vote on whether to drain, one after the drain call; none per step call
+    epoch_end = ["_drain_if_the_data_ended", "drain"]
+    assert _votes(even) == [epoch_end * len(fits)] * ddp.WORLD, _votes(even)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(uneven))
+    run = ddp.launch(PREFETCHER, [[("uneven", (1,))]])[("uneven", (1,))]
+    outcomes = ddp.require_all_reported(run)
+    steps = [outcome["step_calls"] for outcome in outcomes]
+    assert all(outcome["error"] is None for outcome in outcomes) and steps[0] == steps[1], ddp.summary(run)
+    votes = _votes(uneven)
+    assert len(votes) == ddp.WORLD and all(v.count("_peek_on_every_rank") > steps[0] for v in votes), votes

@@ -1,0 +1,79 @@
+"""The RFC's second decision, read off the benchmark verdicts: is a prefetch thread the default, or opt-in?
+
+The rule is fixed here, before any run: the thread is the default only if, at every S1 and S6 point, the prefetching
+design's registered configuration is faster than the fastest alternative of that point (what users already use, and
+the design without a thread composed with it), with the whole 95 % interval of the time ratio below 1 (verdict
+"met" of the ``S1-alternatives`` and ``S6-alternatives`` targets). Any point where it is slower, not distinguishable
+or not judged makes the thread opt-in, and the block says which points those are. The text cannot contradict the
+numbers because it is rendered from them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rendering.benchmarks import verdict_of, with_interval
+from rendering.markdown import cell, code, no_results
+from rendering.results import BENCHMARK_COMMAND, Inputs
+
+DECIDING_TARGETS = ("S1-alternatives", "S6-alternatives")
+OUTCOME_WORDS = {"met": "faster", "missed": "slower", "inconclusive": "not distinguishable",
+                 "not judged": "not judged"}
+
+
+def _where(results: list[tuple[str, dict[str, Any]]], outcome: str, metric: str) -> str:
+    items = []
+    for target, r in results:
+        if verdict_of(r) != outcome:
+            continue
+        text = f"{target.split('-')[0]} {cell(r.get('point') or '')}: {with_interval(metric, r.get('value'), r.get('interval'))}"
+        if outcome == "not judged" and r.get("reason"):
+            text += f" ({cell(r['reason'])})"
+        items.append(text)
+    return "; ".join(items)
+
+
+def thread_decision(benchmarks: dict[str, dict[str, Any]]) -> tuple[bool, list[str]]:
+    """Whether the thread is the default, and one paragraph per machine kind and design saying why."""
+    default, lines = None, []
+    for kind, data in benchmarks.items():
+        targets = data.get("targets") or {}
+        by_design: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for name in DECIDING_TARGETS:
+            for r in (targets.get(name) or {}).get("results") or []:
+                by_design.setdefault(str(r.get("design")), []).append((name, r))
+        for design, results in by_design.items():
+            metric = str((targets.get(results[0][0]) or {}).get("metric", "ratio"))
+            wins = all(verdict_of(r) == "met" for _, r in results)
+            default = wins if default is None else default and wins
+            parts = [f"{OUTCOME_WORDS[o]} at {where}" for o in OUTCOME_WORDS
+                     if (where := _where(results, o, metric))]
+            lines.append(f"- {code(design)} ({code('benchmarks-' + kind + '.json')}), time per batch over the fastest "
+                         f"alternative, median [95 % interval]: " + "; ".join(parts) + ".")
+    return bool(default), lines
+
+
+def block_decision(inputs: Inputs, page_dir: Path) -> str:
+    """Decision 2 (the prefetch thread by default or opt-in), rendered from the benchmark verdicts."""
+    if not inputs.benchmarks:
+        return no_results("benchmark results", BENCHMARK_COMMAND)
+    default, lines = thread_decision(inputs.benchmarks)
+    if not lines:
+        return ("**The prefetch thread: no verdict.** No results file judges a prefetching design against the "
+                "alternatives (targets `S1-alternatives`, `S6-alternatives`), so the thread stays opt-in.")
+    rule = ("The rule: the thread is the default only if at every S1 and S6 point it is faster than the fastest "
+            "alternative measured in the same rounds (stock Lightning with DataLoader workers or with torchdata "
+            "`nodes` prefetching, the design without a thread with either, and in S6 the hook work moved into the "
+            "workers or into `ParallelMapper` threads), the whole 95 % interval of the time ratio below 1.")
+    if default:
+        head = ("**Decision 2: a prefetch thread by default.** At every point judged, the thread beats the simpler "
+                "design plus what users already use.")
+        then = "So the recommended default is the prefetching configuration the benchmarks judged."
+    else:
+        head = ("**Decision 2: the prefetch thread is opt-in, not the default.** The measurements do not show it "
+                "beating the simpler design plus what users already use at every point.")
+        then = ("So the contract ships without a thread by default (batches loaded on the step's thread when it asks "
+                "for them, as `prefetcher[depth=0]` and `batch_processor` do), and the thread is an option for the "
+                "workloads where the rows above show it faster.")
+    return "\n\n".join([head, rule, "\n".join(lines), then])
