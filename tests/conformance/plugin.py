@@ -63,6 +63,7 @@ CLAUSES = {
     "C16": "Distributed",
     "C17": "Steps with work in flight",
     "C18": "Lightning's own features",
+    "C19": "Real pipelines",
 }
 OUTCOMES = ("passed", "xfailed", "failed")
 
