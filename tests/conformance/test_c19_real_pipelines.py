@@ -26,8 +26,8 @@ from tests.conformance.torchrec_client import (
 pytestmark = [
     pytest.mark.clause("C19"),
     pytest.mark.timeout(120),
-    # TorchRec's own notices, not under test: a DDP argument and a planner default it uses, and fbgemm's CPU lookup, whose backward
-    # torch runs through its fallback (the weights are compared with the plain loop's, which runs the same kernels)
+    # TorchRec's own notices, not under test: a DDP argument and a planner default it uses, and fbgemm's CPU
+    # lookup, whose backward torch runs through its fallback (the plain loop runs the same kernels)
     pytest.mark.filterwarnings("ignore:`broadcast_buffers` is deprecated:FutureWarning"),
     pytest.mark.filterwarnings("ignore:HeuristicalStorageReservation is known:FutureWarning"),
     pytest.mark.filterwarnings("ignore:.*dense_embedding_codegen_lookup_function.*:UserWarning"),
