@@ -111,7 +111,12 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         if stepped:
             self.update_lr_schedulers("step", update_plateau_schedulers=False)
         trainer._logger_connector.update_train_step_metrics()
-        return stopped or not (stepped or outputs)
+        # Why the outputs alone under automatic optimisation: Lightning counts an optimizer step for a call that
+        # returned None too (the closure's None only skips the update); under manual optimisation a step that trains
+        # may return nothing, and its `self.optimizers()` steps are what tells
+        manual = not trainer.lightning_module.automatic_optimization
+        did_work = bool(outputs) or (manual and stepped)
+        return stopped or not did_work
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
     def _accumulated_batches_reached(self) -> bool:

@@ -61,6 +61,8 @@ class Batch(Pipelineable):
                      self.label.to(device, non_blocking=non_blocking))
 
     def record_stream(self, stream: Any) -> None:
+        if not isinstance(stream, torch.cuda.Stream):
+            return  # the pipelines pass the CPU's stream object: no allocator to tell
         self.ids.record_stream(stream)
         self.features.record_stream(stream)
         self.label.record_stream(stream)
