@@ -3,6 +3,11 @@
 An ``EmbeddingBagCollection`` plus a linear head, sharded by TorchRec's ``DistributedModelParallel`` in a
 single-process gloo group on the CPU, trained by one of TorchRec's train pipelines, unmodified: under a Lightning
 ``training_step(self, dataloader_iter)`` and, as the reference, under a plain loop over the same batches.
+
+Two kinds of pipeline: ``TrainPipelineBase`` and ``TrainPipelineSparseDist`` run forward, backward and the
+optimizer step inside ``progress()`` and raise StopIteration once empty; ``StagedTrainPipeline`` only runs the
+stages before the forward (here a copy and a post-processing stage, two batches in flight) and returns the next
+batch, or None once empty; the caller trains it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.train_pipeline import TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import StagedTrainPipeline, TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
 from torchrec.streamable import Pipelineable
 
 N_ITEMS = 16  # 8 batches per epoch
@@ -29,7 +35,31 @@ EPOCHS = 3
 TABLE_ROWS = 8
 LR = 0.1
 
-PIPELINES = {"TrainPipelineBase": TrainPipelineBase, "TrainPipelineSparseDist": TrainPipelineSparseDist}
+
+def staged_pipeline(model: nn.Module, optimizer: Any, device: torch.device) -> StagedTrainPipeline:
+    """TorchRec's ``StagedTrainPipeline`` with the stages of its own example: a copy to the device, then a
+    post-processing stage (the identity here), each on a stream of its own (the CPU's stream objects)."""
+    return StagedTrainPipeline(pipeline_stages=[
+        PipelineStage(name="data_copy", runnable=lambda batch: batch.to(device, non_blocking=True),
+                      stream=torch.Stream(device.type)),
+        PipelineStage(name="postproc", runnable=lambda batch: batch, stream=torch.Stream(device.type)),
+    ], compute_stream=torch.Stream(device.type))
+
+
+# name -> (the pipeline given model, optimizer and device; whether progress() trains the batch itself)
+PIPELINES = {
+    "TrainPipelineBase": (TrainPipelineBase, True),
+    "TrainPipelineSparseDist": (TrainPipelineSparseDist, True),
+    "StagedTrainPipeline": (staged_pipeline, False),
+}
+
+
+def start_epoch(pipeline: Any) -> None:
+    """TorchRec's own way to start an epoch: ``flush_end()`` refills a staged pipeline, ``reset()`` the others."""
+    if isinstance(pipeline, StagedTrainPipeline):
+        pipeline.flush_end()
+    else:
+        pipeline.reset()
 
 
 # --------------------------------------------------------------------------------------------------- process group
@@ -150,16 +180,17 @@ class TorchRecModule(pl.LightningModule):
     The pipeline gets ``self.optimizers()`` (Lightning's wrapper of the SGD it configures), so each of the
     pipeline's ``optimizer.step()`` calls counts in ``trainer.global_step``; given the raw ``torch.optim.SGD``, as
     TorchRec's examples do, ``global_step`` would stay 0. The step strips the ``(batch, batch_idx,
-    dataloader_idx)`` triples and hands the pipeline the batches; an epoch starts with the pipeline's own
-    ``reset()``. Nothing else: the pipeline runs forward, backward and the optimizer step itself.
+    dataloader_idx)`` triples and hands the pipeline the batches; an epoch starts with TorchRec's own way to start
+    one (``start_epoch``). Nothing else: the pipeline runs forward, backward and the optimizer step itself, or,
+    after a staged pipeline, the step does, as TorchRec's example loop does, returning None once it is empty.
     """
 
     def __init__(self, pipeline: str) -> None:
         super().__init__()
-        self.automatic_optimization = False  # the pipeline steps the optimizer itself
+        self.automatic_optimization = False  # the pipeline (or the step, after a staged pipeline) steps it
         self.model = sharded_model()
         self.initial = parameters_of(self.model)
-        self.pipeline_type = PIPELINES[pipeline]
+        self.make_pipeline, self.pipeline_trains = PIPELINES[pipeline]
         self.pipeline: Any = None
         self.trained: list[list[list[int]]] = []  # per epoch, the sample ids of each batch trained, in order
 
@@ -167,14 +198,25 @@ class TorchRecModule(pl.LightningModule):
         return torch.optim.SGD(self.model.parameters(), lr=LR)
 
     def on_train_start(self) -> None:
-        self.pipeline = self.pipeline_type(self.model, self.optimizers(), self.device)
+        self.pipeline = self.make_pipeline(self.model, self.optimizers(), self.device)
 
     def on_train_epoch_start(self) -> None:
-        self.pipeline.reset()
+        start_epoch(self.pipeline)
         self.trained.append([])
 
     def training_step(self, dataloader_iter):
-        output = self.pipeline.progress(batch for batch, _, _ in dataloader_iter)
+        batches = (batch for batch, _, _ in dataloader_iter)
+        if self.pipeline_trains:
+            output = self.pipeline.progress(batches)
+        else:
+            batch = self.pipeline.progress(batches)
+            if batch is None:  # the staged pipeline is empty
+                return None
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            loss, output = self.model(batch)
+            self.manual_backward(loss)
+            optimizer.step()
         self.trained[-1].append(trained_ids(output))
         return output[0]
 
@@ -185,16 +227,27 @@ def plain_loop(pipeline: str, initial: dict[str, torch.Tensor], loader: DataLoad
     Returns the sample ids of each batch trained per epoch and the final parameters.
     """
     model = sharded_model(initial)
-    pipe = PIPELINES[pipeline](model, torch.optim.SGD(model.parameters(), lr=LR), torch.device("cpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    make_pipeline, pipeline_trains = PIPELINES[pipeline]
+    pipe = make_pipeline(model, optimizer, torch.device("cpu"))
     trained: list[list[list[int]]] = []
     for _ in range(EPOCHS):
-        pipe.reset()
+        start_epoch(pipe)
         trained.append([])
         batches = iter(loader)
         while True:
-            try:
-                output = pipe.progress(batches)
-            except StopIteration:
-                break
+            if pipeline_trains:
+                try:
+                    output = pipe.progress(batches)
+                except StopIteration:
+                    break
+            else:
+                batch = pipe.progress(batches)
+                if batch is None:
+                    break
+                optimizer.zero_grad()
+                loss, output = model(batch)
+                loss.backward()
+                optimizer.step()
             trained[-1].append(trained_ids(output))
     return trained, parameters_of(model)
