@@ -46,10 +46,9 @@ class PipelineStageModule(RecordingModule):
         own = self.first if self.stage == FIRST else self.layer
         return torch.optim.SGD(own.parameters(), lr=LR)
 
-    def on_train_start(self) -> None:
-        self.trainer.strategy.model.require_backward_grad_sync = False  # no data-parallel averaging across stages
-
     def training_step(self, dataloader_iter):
+        # no data-parallel averaging across stages; Lightning turns the sync back on after every step call
+        self.trainer.strategy.model.require_backward_grad_sync = False
         self.step_calls += 1
         received: list[tuple] = []
         self.record.steps.append(received)
