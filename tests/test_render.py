@@ -350,3 +350,20 @@ def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(r
     details = text.split("<details><summary>Measured L, C")[1].split("</details>")[0]
     assert "`baseline:regular` *(baseline)*" in details and "9.00" in details  # baselines and raw-loop figures
     assert text.count("*Setup (benchmarks-python.json):*") == 1  # one setup line for the page
+
+
+def test_real_pipelines_table_shows_batches_per_epoch_and_merges_alike_variants(rfc):
+    data = conformance()
+    test = "test_c19_real_pipelines.py::test_train_pipeline_trains_every_batch_once_per_epoch"
+    trained = {"alpha": [7, 7], "beta[depth=0]": [8, 8], "beta[depth=2]": [8, 8]}
+    for variant, per_epoch in trained.items():
+        data["results"].append(dict(
+            design=variant.split("[")[0], variant=variant, clause="C19", test_id=f"{test}[TrainPipelineBase-sized-w0]",
+            outcome="passed" if per_epoch == [8, 8] else "xfailed", reason="",
+            measured={"batches_trained_per_epoch": per_epoch, "plain_loop_batches_per_epoch": [8, 8]},
+        ))
+    write_results(rfc, data, benchmarks())
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "| Pipeline | Loader | `alpha` | `beta` |" in matrix  # beta's variants agree: one column
+    assert "| `TrainPipelineBase` | `sized-w0` | 7 · 7 of 8 · 8 ✗ | 8 · 8 ✓ |" in matrix

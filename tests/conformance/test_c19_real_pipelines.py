@@ -68,11 +68,11 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
     module = TorchRecModule(pipeline)
     trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS})
     trainer.fit(module, make_loader(kind, num_workers=workers))
-    # the RFC's real-pipelines table: batches trained per epoch, whatever the outcome
-    record_property("batches_trained_per_epoch", [len(epoch) for epoch in module.trained])
-
     sequence = loader_ids(make_loader(kind, workers))
     reference_trained, reference_weights = plain_loop_runs(pipeline, kind, workers, module.initial)
+    # the RFC's real-pipelines table: batches trained per epoch, whatever the outcome
+    record_property("batches_trained_per_epoch", [len(epoch) for epoch in module.trained])
+    record_property("plain_loop_batches_per_epoch", [len(epoch) for epoch in reference_trained])
     assert reference_trained == [sequence] * EPOCHS, "the plain loop itself does not train every batch once"
     assert module.trained == reference_trained, (
         f"sample ids trained per epoch {module.trained}; the plain loop over the same batches trains {sequence}"
