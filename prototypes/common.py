@@ -250,15 +250,13 @@ class StepIterator(Iterator):
     """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
 
     A design's subclass hands out the next ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when
-    none remains) and says in ``_has_next`` whether one remains. ``done`` is exact (C5); ``saw_end`` records that
-    the step asked past the end, so it knows the data ended (C17). Once the loop closes the iterator, ``next()``
-    raises an error naming the fix: a batch taken then would belong to no step call.
+    none remains) and says in ``_has_next`` whether one remains. ``done`` is exact (C5). Once the loop closes the
+    iterator, ``next()`` raises an error naming the fix: a batch taken then would belong to no step call.
     """
 
     def __init__(self, step: str) -> None:
         self._step = step
         self._closed = False
-        self.saw_end = False
 
     def _take(self) -> tuple[Any, int, int]:
         raise NotImplementedError
@@ -269,11 +267,7 @@ class StepIterator(Iterator):
     def __next__(self) -> tuple[Any, int, int]:
         if self._closed:
             raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
-        try:
-            return self._take()
-        except StopIteration:
-            self.saw_end = True
-            raise
+        return self._take()
 
     @property
     def done(self) -> bool:

@@ -78,8 +78,9 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         return counted // interval > (counted - self._consumed_by_last_call()) // interval
 
     # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
-    def _run_drain_call(self) -> bool:
-        """Run the step once with an exhausted ``dataloader_iter``; whether it ended the draining (it saw the end)."""
+    def _run_drain_call(self) -> tuple[bool, Any]:
+        """Run the step once with an exhausted ``dataloader_iter``: whether a StopIteration ended the call, and the
+        outputs the optimisation loop returned for it (empty when the step returned None)."""
         raise NotImplementedError
 
     def _draining(self) -> contextlib.AbstractContextManager:
@@ -87,13 +88,13 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
         raise NotImplementedError
 
-    def _drain_if_the_data_ended(self, last_call_saw_end: bool) -> None:
+    def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
         # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
-        # step still holds belong to this epoch's training (C17)
+        # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
         data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
         if not data_ended and not self._ranks_vote_every_step():
             return  # every rank's data ends at the same step call: before it there is nothing to agree on
-        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_saw_end):
+        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
             self._drain_held_batches()
 
     def _ranks_vote_every_step(self) -> bool:
@@ -115,13 +116,18 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         A call that steps an optimizer (it trained a held batch) is a step of the loop: the step schedulers advance
         and what it logged reaches the loggers at a logging step of its own. A call that steps none (it only saw the
         end) leaves no trace: no logger row, no step counted.
+
+        Returns whether it ended the draining (C17's rule): it raised StopIteration, or it did no work (returned
+        nothing and stepped no optimizer). Why not also "called next() on the exhausted iterator": TorchRec's
+        pipelines refill their queue with ``next(it, None)`` while they still hold batches.
         """
         trainer = self.trainer
         steps_before = trainer.global_step
         trainer._logger_connector.on_batch_start(None)
-        saw_end = self._run_drain_call()
+        stopped, outputs = self._run_drain_call()
         trainer._logger_connector.on_batch_end()
-        if trainer.global_step > steps_before:
+        stepped = trainer.global_step > steps_before
+        if stepped:
             # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
             # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
             # the epoch's last batch. Counting the call before this one now gives this call's row a step of its own
@@ -129,7 +135,12 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             self._batches_that_stepped += 1
             self.update_lr_schedulers("step", update_plateau_schedulers=False)
             trainer._logger_connector.update_train_step_metrics()
-        return saw_end
+        # Why the outputs alone under automatic optimisation: Lightning counts an optimizer step for a call that
+        # returned None too (the closure's None only skips the update); under manual optimisation a step that trains
+        # may return nothing, and its `self.optimizers()` steps are what tells
+        manual = not trainer.lightning_module.automatic_optimization
+        did_work = bool(outputs) or (manual and stepped)
+        return stopped or not did_work
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
     def _accumulated_batches_reached(self) -> bool:
@@ -173,15 +184,15 @@ def epoch_stopped_early(trainer: pl.Trainer) -> bool:
 
 
 def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
-    """Make drain calls until one ends the epoch (clause C17); returns how many were made.
+    """Make drain calls until one ends the draining (clause C17); returns how many were made.
 
     Once the epoch's last batch has been handed out, a step that pipelines (it pulled batch i+1 and kept it for the
     next call) still holds untrained batches. The loop calls the step again with an exhausted ``dataloader_iter``
     (``done`` True on entry, ``next()`` raising StopIteration without touching the loader). ``drain_call()`` runs one
-    such call and returns whether it ended the draining: the step raised StopIteration or called ``next()`` on the
-    exhausted iterator (it saw the end, as under stock Lightning for an unsized loader). A step that holds nothing
-    ends it at its first ``next()``, so a simple step needs no guard. Under DDP the ranks vote after every call so
-    that all make the same number of drain calls (each may end in a gradient all-reduce).
+    such call and returns whether it ended the draining: the step raised StopIteration, or it did no work (returned
+    nothing and stepped no optimizer). A step that holds nothing ends it at its first ``next()``, so a simple step
+    needs no guard. Under DDP the ranks vote after every call so that all make the same number of drain calls
+    (each may end in a gradient all-reduce).
     """
     for calls in itertools.count(1):
         ended = drain_call()
@@ -189,10 +200,10 @@ def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = 
             return calls
         if calls >= NoProgressGuard.LIMIT:
             raise RuntimeError(
-                f"`{hook_name}(dataloader_iter)` was called {calls} times after the epoch's last batch without ending"
-                " the epoch. A drain call ends it by raising StopIteration or by calling next(dataloader_iter);"
-                " raise StopIteration once the step holds no batch (check `dataloader_iter.done` instead of calling"
-                " next() while batches are still held)."
+                f"`{hook_name}(dataloader_iter)` was called {calls} times after the epoch's last batch and kept"
+                " returning a loss or stepping an optimizer. A drain call ends the draining by raising StopIteration"
+                " or by returning None without stepping an optimizer: raise StopIteration (or return None) once the"
+                " step holds no batch (`dataloader_iter.done` is True in every drain call)."
             )
     raise AssertionError("unreachable")
 

@@ -378,3 +378,20 @@ def test_the_thread_decision_is_read_off_the_verdicts(rfc):
     assert "**Decision 2: the prefetch thread is opt-in, not the default.**" in text
     assert "faster at S1 L=C: 0.875 [0.800, 0.950]" in text
     assert "not distinguishable at S1 L=2C: 1.00 [0.950, 1.05]" in text
+
+
+def test_real_pipelines_table_shows_batches_per_epoch_and_merges_alike_variants(rfc):
+    data = conformance()
+    test = "test_c19_real_pipelines.py::test_train_pipeline_trains_every_batch_once_per_epoch"
+    trained = {"alpha": [7, 7], "beta[depth=0]": [8, 8], "beta[depth=2]": [8, 8]}
+    for variant, per_epoch in trained.items():
+        data["results"].append(dict(
+            design=variant.split("[")[0], variant=variant, clause="C19", test_id=f"{test}[TrainPipelineBase-sized-w0]",
+            outcome="passed" if per_epoch == [8, 8] else "xfailed", reason="",
+            measured={"batches_trained_per_epoch": per_epoch, "plain_loop_batches_per_epoch": [8, 8]},
+        ))
+    write_results(rfc, data, benchmarks())
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "| Pipeline | Loader | `alpha` | `beta` |" in matrix  # beta's variants agree: one column
+    assert "| `TrainPipelineBase` | `sized-w0` | 7 · 7 of 8 · 8 ✗ | 8 · 8 ✓ |" in matrix

@@ -58,7 +58,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._no_progress = NoProgressGuard()
         self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
-        self._step_saw_end = False  # the last step call raised StopIteration or called next() past the last batch
+        self._step_stopped = False  # a StopIteration from dataloader_iter ended the last step call
         self._draining_now = False  # in a drain call: each is an accumulation window of its own
 
     def run(self, data_fetcher: _DataFetcher) -> None:
@@ -199,7 +199,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self.batch_progress.increment_completed()
         trainer._logger_connector.update_train_step_metrics()
 
-        self._drain_if_the_data_ended(self._step_saw_end)
+        self._drain_if_the_data_ended(self._step_stopped)
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
@@ -210,17 +210,17 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             # the validation interval and a checkpoint look at the batches of the call that took the last one
             self._last_step_consumed, self._draining_now = consumed, False
 
-    def _run_drain_call(self) -> bool:
+    def _run_drain_call(self) -> tuple[bool, Any]:
         self._step_batches = []
         self._step_calls += 1
-        self._run_step()
-        return self._step_saw_end
+        outputs = self._run_step()
+        return self._step_stopped, outputs
 
     def _run_step(self) -> Any:
         """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
         assert self._batches is not None
         trainer = self.trainer
-        self._step_saw_end = False
+        self._step_stopped = False
         consumed_before = self.batch_progress.current.ready
         dataloader_iter = LookAheadStepIterator(self._batches, self._hand_out)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
@@ -234,13 +234,12 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
                 raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step="training_step")) from None
             # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
             # window still get their step, as Lightning steps on an epoch's final batch
-            self._step_saw_end = True
+            self._step_stopped = True
             if self._window_open:
                 self._step_optimizer()
             return None
         finally:
             dataloader_iter.close()
-            self._step_saw_end = self._step_saw_end or dataloader_iter.saw_end
             self._last_step_consumed = self.batch_progress.current.ready - consumed_before
 
     def _run_automatic(self, kwargs: OrderedDict) -> dict:

@@ -80,7 +80,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
         self.consumed_in_step = 0
         self.cut_short = False  # the current step call ended in the StopIteration of its dataloader's end
-        self.step_saw_end = False  # the last step call was cut short or called next() past the last batch
         self.draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
         self.no_progress = NoProgressGuard(self.hook_name)
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
@@ -180,7 +179,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def close_step(self) -> None:
         if self._step_iterator is not None:
             self._step_iterator.close()
-            self.step_saw_end = self.cut_short or self._step_iterator.saw_end
             self._step_iterator = None
 
     def step_batch_size(self) -> int:

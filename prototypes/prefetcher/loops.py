@@ -189,7 +189,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         fetcher = self._prefetching(data_fetcher)
         if fetcher is None:
             return
-        self._drain_if_the_data_ended(fetcher.step_saw_end)
+        self._drain_if_the_data_ended(fetcher.cut_short)
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
@@ -201,15 +201,15 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
             # the validation interval looks at the batches of the call that took the last one, not a drain call's
             fetcher.consumed_in_step, fetcher.draining = consumed, False
 
-    def _run_drain_call(self) -> bool:
+    def _run_drain_call(self) -> tuple[bool, Any]:
         trainer, fetcher = self.trainer, self._prefetching()
         kwargs = OrderedDict(any=fetcher.start_step_call())
         with trainer.profiler.profile("run_training_batch"):
             if trainer.lightning_module.automatic_optimization:
-                self.automatic_optimization.run(trainer.optimizers[0], fetcher._batch_idx, kwargs)
+                outputs = self.automatic_optimization.run(trainer.optimizers[0], fetcher._batch_idx, kwargs)
             else:
-                self.manual_optimization.run(kwargs)
-        return fetcher.step_saw_end
+                outputs = self.manual_optimization.run(kwargs)
+        return fetcher.cut_short, outputs
 
 
 # the profiler actions of a batch's transfer, as Lightning names them (`[<kind>]<class>.<hook>`)

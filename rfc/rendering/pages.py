@@ -29,6 +29,7 @@ from rendering.coupling import COUPLING_BLOCKS
 from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.markdown import once_per_page
+from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
 from rendering.results import Inputs, RenderError
 from rendering.standing import block_standing
@@ -49,6 +50,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "matrix": block_matrix,
     "expected-failures": block_expected_failures,
     "failures": block_failures,
+    "real-pipelines": block_real_pipelines,
     "bench-setup": block_bench_setup,
     "bench-targets": block_bench_targets,
     "bench-s1": bench_block("S1"),
@@ -93,7 +95,8 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         "Conformance matrix",
         "Every registered design, and each variant the suite runs (for example prefetch depths), against the "
         "contract clauses of the [specification](../specification.md). Rendered from `rfc/results/conformance.json`.",
-        [(None, "matrix"), ("Expected failures and their reasons", "expected-failures"),
+        [(None, "matrix"), ("Real pipelines: batches trained per epoch", "real-pipelines"),
+         ("Expected failures and their reasons", "expected-failures"),
          ("Failures, errors, unexpected passes and skips", "failures")],
     )
     bench_sections: list[tuple[str | None, str]] = [

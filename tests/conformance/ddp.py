@@ -47,6 +47,7 @@ from tests.conformance.harness import (
     _collate,
     item,
 )
+from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
 
 WORLD = 2
 # A passing launch takes 1-3 s; these bound a failing one.
@@ -96,6 +97,8 @@ def _loader(kind: str, rank: int) -> DataLoader:
         dataset = SizedItems(SHARED_ITEMS)
         sampler = DistributedSampler(dataset, num_replicas=WORLD, rank=rank, shuffle=False)
         return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
+    if kind == PIPELINE_PARALLEL:
+        return DataLoader(SizedItems(PIPELINE_ITEMS), batch_size=BATCH_SIZE)
     assert kind == "uneven", kind
     return DataLoader(RankShardedItems(), batch_size=BATCH_SIZE)
 
@@ -125,15 +128,20 @@ _COLLECTIVE_FAILURE_MARKERS = (
 
 
 def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict[str, Any]:
-    module = IterStepModule(pattern)
+    pipelined = kind == PIPELINE_PARALLEL  # C19: each rank is a pipeline stage, and every stage reads all the data
+    module = PipelineStageModule(rank) if pipelined else IterStepModule(pattern)
     error, trainer = None, None
     try:
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-        trainer = design.trainer(**{**QUIET, "accelerator": "cpu", "devices": WORLD, "strategy": strategy})
+        trainer = design.trainer(**{**QUIET, "accelerator": "cpu", "devices": WORLD, "strategy": strategy,
+                                    "use_distributed_sampler": not pipelined})
         trainer.fit(module, train_dataloaders=_loader(kind, rank))
     except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
         error = _describe(raised)
-    return _outcome(module, trainer, error)
+    outcome = _outcome(module, trainer, error)
+    if pipelined:
+        outcome.update(stage_weights=module.weights(), stage_initial=module.initial_weights)
+    return outcome
 
 
 def _outcome(module, trainer, error: dict | None) -> dict[str, Any]:
@@ -316,16 +324,18 @@ def spawn_fit(design, module, loader: DataLoader) -> dict[str, Any]:
 SHARED_KINDS = ["injected", "explicit"]
 # Two launches per design: the shared-data fits in sequence on one process group; the uneven fits each on their
 # own process group (one that breaks must not take the other down), both groups at once.
+PIPELINE_PARALLEL = "pipeline-parallel"
 LAUNCHES = {
     "shared": [[(kind, pattern) for kind in SHARED_KINDS for pattern in PATTERNS]],
     "uneven": [[("uneven", pattern)] for pattern in PATTERNS],
+    PIPELINE_PARALLEL: [[(PIPELINE_PARALLEL, (MICRO_BATCHES,))]],
 }
 _RESULTS: dict[tuple[str, str], dict] = {}
 
 
 def run_outcome(design, kind: str, pattern: tuple[int, ...]) -> dict:
     """The ranks' outcomes for one fit; the launch that contains it runs (once per design) on first use."""
-    name = "uneven" if kind == "uneven" else "shared"
+    name = kind if kind in ("uneven", PIPELINE_PARALLEL) else "shared"
     if (design.id, name) not in _RESULTS:
         _RESULTS[design.id, name] = launch(design, LAUNCHES[name])
     return _RESULTS[design.id, name][kind, pattern]

@@ -65,6 +65,7 @@ CLAUSES = {
     "C16": "Distributed",
     "C17": "Steps with work in flight",
     "C18": "Lightning's own features",
+    "C19": "Real pipelines",
 }
 
 
@@ -350,6 +351,9 @@ class _State:
         # a failing teardown must not hide behind a passing call
         if self.outcomes.get(report.nodeid) in (None, "passed", "xfailed"):
             self.outcomes[report.nodeid] = outcome
+        if report.when == "call" and report.user_properties:
+            # what a test measured (`record_property`), e.g. C19's batches trained per epoch, for the RFC's tables
+            self.tests[report.nodeid]["measured"] = dict(report.user_properties)
 
 
 _STATE = pytest.StashKey[_State]()

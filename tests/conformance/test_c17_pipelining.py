@@ -3,8 +3,8 @@
 The two pipelining patterns real code uses (``AsyncHandleModule``: Lightning's own tests of the flavour;
 ``TrainPipelineModule``: TorchRec's train pipelines) pull batch i+1 before training batch i, so after the call that
 takes the epoch's last batch they still hold one. The loop makes *drain calls* (``done`` True on entry, ``next()``
-raising StopIteration) until the step ends them by raising StopIteration or calling ``next()`` on the exhausted
-iterator. A simple step is entered at most once more, at whose first ``next()`` the epoch ends: it needs no guard.
+raising StopIteration) until the step ends them by raising StopIteration or by a call that did no work (returned
+nothing and stepped no optimizer). A simple step is entered at most once more, at whose first ``next()`` the epoch ends: it needs no guard.
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def test_held_batch_is_trained_at_a_limit(design, pipeline, kind):
 
 
 class NeverLetsGo(PipeliningModule):
-    """A step that, once the data ended, keeps returning without calling next() or raising StopIteration."""
+    """A step that, once the data ended, keeps training its last batch again: every drain call returns a loss."""
 
     def training_step(self, dataloader_iter):
-        if dataloader_iter.done and self.step_calls:
-            return None
-        batch, _, _ = next(dataloader_iter)
-        return self.train_one(self.receive(batch))
+        if not dataloader_iter.done or not self.step_calls:
+            batch, _, _ = next(dataloader_iter)
+            self.last = self.receive(batch)
+        return self.train_one(self.last)
 
 
 def test_drain_that_never_ends_is_an_error_naming_the_fix(design):

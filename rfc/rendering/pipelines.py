@@ -1,0 +1,62 @@
+"""The real-pipelines table (clause C19): the batches each design trained per epoch, per TorchRec pipeline and loader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rendering.conformance import conformance_parts
+from rendering.markdown import code, no_results, table
+from rendering.results import CONFORMANCE_COMMAND, OUTCOME_KIND, PASS, Inputs
+
+REAL_PIPELINES_TEST = "test_c19_real_pipelines.py::test_train_pipeline_trains_every_batch_once_per_epoch"
+
+
+def _measured_runs(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, tuple[list[int], list[int], bool]]]:
+    """``{(pipeline, loader): {variant: (trained per epoch, the plain loop's per epoch, passed)}}``."""
+    runs: dict[tuple[str, str], dict[str, tuple[list[int], list[int], bool]]] = {}
+    for r in data["results"]:
+        test_id, measured = r["test_id"], r.get("measured") or {}
+        if not test_id.startswith(REAL_PIPELINES_TEST + "[") or "batches_trained_per_epoch" not in measured:
+            continue
+        pipeline, loader = test_id[len(REAL_PIPELINES_TEST) + 1 : -1].split("-", 1)
+        passed = OUTCOME_KIND.get(r.get("outcome", "")) == PASS
+        runs.setdefault((pipeline, loader), {})[r.get("variant") or r["design"]] = (
+            measured["batches_trained_per_epoch"], measured["plain_loop_batches_per_epoch"], passed
+        )
+    return runs
+
+
+def _cell(trained: list[int], plain_loop: list[int], passed: bool) -> str:
+    counts = " · ".join(str(n) for n in trained)
+    if passed:
+        return f"{counts} ✓"
+    return f"{counts} of {' · '.join(str(n) for n in plain_loop)} ✗"
+
+
+def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
+    """TorchRec pipeline x loader rows, a column per design (one per variant where its variants differ)."""
+    data = inputs.conformance
+    if data is None:
+        return no_results("conformance results", CONFORMANCE_COMMAND)
+    runs = _measured_runs(data)
+    if not runs:
+        return "The results file holds no measured runs of TorchRec's pipelines (clause C19)."
+    _, _, _, design_of, variants = conformance_parts(data)
+    variants = [v for v in variants if any(v in row for row in runs.values())]
+    columns: list[tuple[str, list[str]]] = []  # (label, the variants it stands for)
+    for design in dict.fromkeys(design_of[v] for v in variants):
+        own = [v for v in variants if design_of[v] == design]
+        alike = all(row.get(v) == row.get(own[0]) for row in runs.values() for v in own)
+        columns += [(design, own)] if alike else [(v, [v]) for v in own]
+    rows = []
+    for (pipeline, loader), row in sorted(runs.items()):
+        cells = [_cell(*row[vs[0]]) if vs[0] in row else "not run" for _, vs in columns]
+        rows.append([code(pipeline), code(loader), *cells])
+    legend = (
+        "Batches trained in each epoch by TorchRec's train pipelines, run unmodified under each design (the user code "
+        "of C17's migration note); ✓: every epoch trained every batch once, in order, to the weights of the same "
+        "pipeline driven by a plain loop; ✗: the batches the plain loop trains per epoch follow *of*. `w0`, `w2`: "
+        "DataLoader workers."
+    )
+    return legend + "\n\n" + table(["Pipeline", "Loader", *(code(label) for label, _ in columns)], rows)
