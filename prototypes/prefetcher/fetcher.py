@@ -86,7 +86,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.step_batch_indices: list[int] = []  # and their batch_idx: a prediction writer's indices come from them
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
-        self._agreed_head: _Produced | None = None  # the head every rank has a batch for
+        self._voted_before_call: int | None = None  # the step call the ranks last agreed to start
         self._ended_on_every_rank = False
         self._ranks_vote = True  # whether the ranks vote on the end of data; decided per epoch (_begin)
         self._step_iterator: _StepIterator | None = None
@@ -192,17 +192,20 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
 
         Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
-        #2258). The ranks vote once per batch (when it first becomes the next one) and once at the end, so every
-        rank votes the same number of times whoever reads ``done`` how often; all end the epoch together, dropping
-        what longer shards still hold. Loaders that give every rank the same number of batches need no vote.
+        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
+        end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
+        not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
+        vote it does not join would block the ranks that pull. Loaders that give every rank the same number of
+        batches need no vote.
         """
         if self._ended_on_every_rank:
             return None
         head = self._peek()
-        if not self._ranks_vote or (head is not None and head is self._agreed_head):
+        inside_a_call = self._step_iterator is not None
+        if not self._ranks_vote or inside_a_call or self._voted_before_call == self.step_calls:
             return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
+        self._voted_before_call = self.step_calls
         if every_rank_has_a_batch(self.trainer, head is not None):
-            self._agreed_head = head
             return head
         self._head, self._exhausted, self._ended_on_every_rank = None, True, True
         return None
@@ -300,7 +303,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         super().reset()
         self.step_calls = self.consumed_in_step = 0
         self.no_progress = NoProgressGuard(self.hook_name)
-        self._agreed_head, self._ended_on_every_rank = None, False
+        self._voted_before_call, self._ended_on_every_rank = None, False
 
     def teardown(self) -> None:
         self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them
