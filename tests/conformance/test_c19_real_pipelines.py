@@ -3,8 +3,9 @@
 C17 is argued with the suite's own pipelining steps; this clause runs the client the flavour exists for (#8316):
 TorchRec 1.8.0's ``TrainPipelineBase`` (one batch held across calls) and ``TrainPipelineSparseDist`` (two held,
 ``next(it, None)`` to refill while it still holds them) over a ``DistributedModelParallel`` model, on the CPU in a
-single-process gloo group. Each epoch must train the loader's batches once, in order, and the final weights must
-equal the same pipeline driven by a plain loop over the same batches.
+single-process gloo group. Each epoch must train the loader's batches once, in order, validation after each epoch
+must see its loader's batches once, and the final weights must equal the same pipeline driven by a plain loop over
+the same batches.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
                                                          workers):
     module = TorchRecModule(pipeline)
     trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS})
-    trainer.fit(module, make_loader(kind, num_workers=workers))
+    # validation between the epochs, over a loader of the same kind: the batches a pipeline holds at an epoch's end
+    # are that epoch's training, and validation must not disturb what the pipeline holds
+    trainer.fit(module, make_loader(kind, num_workers=workers), make_loader(kind, num_workers=workers))
     sequence = loader_ids(make_loader(kind, workers))
     reference_trained, reference_weights = plain_loop_runs(pipeline, kind, workers, module.initial)
     # the RFC's real-pipelines table: batches trained per epoch, whatever the outcome
@@ -77,6 +80,9 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
     assert module.trained == reference_trained, (
         f"sample ids trained per epoch {module.trained}; the plain loop over the same batches trains {sequence}"
         " every epoch"
+    )
+    assert module.validated == [sequence] * EPOCHS, (
+        f"sample ids validated per validation run {module.validated}; expected {sequence} after each epoch"
     )
     assert trainer.global_step == EPOCHS * len(sequence), (
         f"global_step {trainer.global_step}: the pipeline steps `self.optimizers()` once per batch trained"

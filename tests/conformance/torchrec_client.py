@@ -181,7 +181,7 @@ class TorchRecModule(pl.LightningModule):
     pipeline's ``optimizer.step()`` calls counts in ``trainer.global_step``; given the raw ``torch.optim.SGD``, as
     TorchRec's examples do, ``global_step`` would stay 0. The step strips the ``(batch, batch_idx,
     dataloader_idx)`` triples and hands the pipeline the batches; an epoch starts with TorchRec's own way to start
-    one (``start_epoch``). Nothing else: the pipeline runs forward, backward and the optimizer step itself, or,
+    one (``start_epoch``); validation runs the model's own forward after TorchRec's ``detach()``. Nothing else: the pipeline runs forward, backward and the optimizer step itself, or,
     after a staged pipeline, the step does, as TorchRec's example loop does, returning None once it is empty.
     """
 
@@ -193,6 +193,7 @@ class TorchRecModule(pl.LightningModule):
         self.make_pipeline, self.pipeline_trains = PIPELINES[pipeline]
         self.pipeline: Any = None
         self.trained: list[list[list[int]]] = []  # per epoch, the sample ids of each batch trained, in order
+        self.validated: list[list[list[int]]] = []  # per validation run, the sample ids of each batch validated
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=LR)
@@ -219,6 +220,21 @@ class TorchRecModule(pl.LightningModule):
             optimizer.step()
         self.trained[-1].append(trained_ids(output))
         return output[0]
+
+    def on_validation_epoch_start(self) -> None:
+        # TorchRec's own way to use the model outside its train pipeline: a sparse-dist pipeline has rewritten the
+        # embedding modules' forward for pipelining, `detach()` restores it, and its next `progress()` attaches again
+        detach = getattr(self.pipeline, "detach", None)
+        if detach is not None:
+            detach()
+        self.validated.append([])
+
+    def validation_step(self, dataloader_iter):
+        # Why the model's own forward, not TorchRec's EvalPipelineSparseDist: that pipeline pulls batches on a thread
+        # of its own between step calls, which C14 (a) refuses (a step call's iterator ends with the call)
+        batch, _, _ = next(dataloader_iter)
+        _, output = self.model(batch)
+        self.validated[-1].append(trained_ids(output))
 
 
 def plain_loop(pipeline: str, initial: dict[str, torch.Tensor], loader: DataLoader) -> tuple[list, dict]:
