@@ -269,6 +269,7 @@ C15 = "test_c15_evaluation.py::"
 C16 = "test_c16_distributed.py::"
 C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
+C19 = "test_c19_real_pipelines.py::"
 SIZED = "sized and not unsized"
 
 CATALOGUE: tuple[Defect, ...] = (
@@ -453,5 +454,10 @@ CATALOGUE: tuple[Defect, ...] = (
            "runs the transfer hooks on its thread without recording them in the profiler",
            (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
+    # C19 Real pipelines: what the suite's own pipelining steps (C17, one batch held) cannot see
+    Defect("drains_once", "C19", "prefetcher",
+           "ends the draining after one drain call, while a pipeline still holds a second batch",
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_call"), _after(lambda self, ended: True),
+           (C19 + "test_train_pipeline_trains_every_batch_once_per_epoch",), "TrainPipelineSparseDist and sized-w0"),
 )
 
