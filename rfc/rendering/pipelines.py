@@ -1,4 +1,4 @@
-"""The real-pipelines table (clause C19): the batches each design trained per epoch, per TorchRec pipeline and loader."""
+"""The real-pipelines table (clause C19): batches each design trained per epoch, per TorchRec pipeline and loader."""
 
 from __future__ import annotations
 

@@ -314,6 +314,7 @@ C15 = "test_c15_evaluation.py::"
 C16 = "test_c16_distributed.py::"
 C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
+C19 = "test_c19_real_pipelines.py::"
 SIZED = "sized and not unsized"
 
 CATALOGUE: tuple[Defect, ...] = (
@@ -530,5 +531,10 @@ CATALOGUE: tuple[Defect, ...] = (
            "gives a prediction writer the sample indices of a step call's last batch only",
            (bp_evaluation.IteratorPredictionLoop, "_on_step_returned"), _writer_indices_of_the_last_batch,
            (C18 + "test_prediction_writer_gets_each_step_calls_predictions_and_indices",), "2 and sized"),
+    # C19 Real pipelines: what the suite's own pipelining steps (C17, one batch held) cannot see
+    Defect("drains_once", "C19", "prefetcher",
+           "ends the draining after one drain call, while a pipeline still holds a second batch",
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_call"), _after(lambda self, ended: True),
+           (C19 + "test_train_pipeline_trains_every_batch_once_per_epoch",), "TrainPipelineSparseDist and sized-w0"),
 )
 
