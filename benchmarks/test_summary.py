@@ -63,9 +63,14 @@ def test_every_judged_result_has_a_row_within_the_width(document, width):
 
 
 def test_verdicts_come_from_met_when_absent_and_are_counted():
-    results = [r for target in COMMITTED["targets"].values() for r in target["results"]]
+    document = copy.deepcopy(COMMITTED)  # as a results file written before verdicts: `met` alone
+    for target in document["targets"].values():
+        for result in target["results"]:
+            for key in ("verdict", "interval", "reason"):
+                result.pop(key, None)
+    results = [r for target in document["targets"].values() for r in target["results"]]
     met = sum(r["met"] for r in results)
-    lines = rendered(COMMITTED, 100)
+    lines = rendered(document, 100)
     assert f"verdicts: {met} met, {len(results) - met} missed" in lines
 
 
