@@ -53,6 +53,23 @@ def test_the_dry_run_on_cpu_runs_every_design_and_writes_its_results(tmp_path) -
     assert all(v["met"] and v["verdict"] == "met" for v in verdicts), verdicts
 
 
+def test_a_design_that_cannot_run_is_recorded_and_fails_the_run(tmp_path, monkeypatch, capsys) -> None:
+    # A real design with an option its trainer refuses: the other entries still run, the script exits non-zero
+    broken = IMPLEMENTATIONS["prefetcher"].variant(depth=-1)
+    monkeypatch.setitem(IMPLEMENTATIONS, "prefetcher_negative_depth", broken)
+    out = tmp_path / "benchmarks-s5-broken.json"
+    argv = ["--device", "cpu", "--batches", "3", "--designs", "upstream,prefetcher_negative_depth", "--out", str(out)]
+    assert gpu_s5.main(argv) == 1
+    rows = json.loads(out.read_text())["scenarios"]["S5"]
+    errors = {row["point"]: row["error"] for row in rows if row["design"] == broken.id}
+    assert sorted(errors) == sorted(gpu_s5.POINTS)
+    assert all(error.startswith("ValueError: prefetcher: `depth` must be") for error in errors.values()), errors
+    assert all(row["correct"] for row in rows if row["design"] != broken.id), rows
+    printed = capsys.readouterr().out
+    assert f"; {len(gpu_s5.POINTS)} problem(s)" in printed
+    assert printed.count("PROBLEM: ") == len(gpu_s5.POINTS) and "prefetcher_negative_depth: ValueError" in printed
+
+
 def test_an_unknown_design_is_refused_before_any_run(capsys) -> None:
     assert gpu_s5.main(["--device", "cpu", "--designs", "upstream,no_such_design"]) == 2
     error = capsys.readouterr().err
