@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 import traceback
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -486,12 +487,67 @@ def test_loading_overlaps_the_step():
     assert module.loaded_while_running == [True] * (n - AHEAD), module.loaded_while_running
 
 
+class Copy(NamedTuple):
+    """One batch's copy to the device, as ``transfer_batch_to_device`` saw it."""
+
+    thread: str
+    stream: torch.cuda.Stream | None  # the CUDA stream current on that thread: the copy is issued on it
+    pinned: bool  # the host batch was in pinned memory (without it a CUDA copy is synchronous)
+
+
+class RecordsCopyStreams(IterStepModule):
+    """Records where each batch is copied to the device and which CUDA stream each step call computes on."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.copies: list[Copy] = []
+        self.step_streams: list[torch.cuda.Stream] = []
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        # Lightning's copy below is non_blocking: it is only enqueued, on the stream current here
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self.copies.append(Copy(threading.current_thread().name, stream, batch[1].is_pinned()))
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def training_step(self, dataloader_iter):
+        if self.device.type == "cuda":
+            self.step_streams.append(torch.cuda.current_stream(self.device))
+        return super().training_step(dataloader_iter)
+
+
+def test_off_cuda_the_prefetch_thread_copies_without_pinning():
+    # Why: pinning (and the side stream it goes with) serves CUDA copies only; on the CPU it would cost page-locked
+    # memory, and without an accelerator it fails
+    module = RecordsCopyStreams((2,))
+    make_trainer(PREFETCHER.variant(depth=2), max_epochs=2).fit(module, make_loader(n_items=8, num_workers=2))
+    assert [(copy.thread, copy.pinned) for copy in module.copies] == [("prefetcher-training_step", False)] * 8
+    assert module.record.received == [tuple(range(i, i + 2)) for i in range(0, 8, 2)] * 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the side-stream path needs CUDA")
-def test_cuda_batches_arrive_on_the_device_from_the_side_stream():
-    module = IterStepModule((2,))
-    make_trainer(PREFETCHER, accelerator="cuda").fit(module, make_loader(n_items=32, num_workers=2))
+@pytest.mark.parametrize(
+    "options,side_stream",
+    [({"depth": 2}, True), ({"depth": AUTO}, True), ({"depth": 0}, False),
+     ({"depth": 2, "transfer_ahead": False}, False)],
+    ids=["ahead", "auto", "depth0", "transfer-on-main"],
+)
+def test_cuda_copies_run_on_one_side_stream_when_transferred_ahead(options, side_stream):
+    module = RecordsCopyStreams((2,))
+    trainer = make_trainer(PREFETCHER.variant(**options), accelerator="cuda", max_epochs=2)
+    trainer.fit(module, make_loader(n_items=32, num_workers=2))
+    assert module.record.received == [tuple(range(i, i + 2)) for i in range(0, 32, 2)] * 2
     assert module.record.placements and all(device.type == "cuda" for device, _ in module.record.placements)
-    assert module.record.received == [tuple(range(i, i + 2)) for i in range(0, 32, 2)]
+    assert len(module.copies) == 32, module.copies  # 16 batches per epoch, each copied once
+    copy_streams, step_streams = {copy.stream for copy in module.copies}, set(module.step_streams)
+    if side_stream:
+        # one stream for the whole fit (a stream per epoch strands the allocator's blocks), copies from pinned memory
+        assert len(copy_streams) == 1, copy_streams
+        (stream,) = copy_streams
+        assert stream != torch.cuda.default_stream(trainer.strategy.root_device), "the copies ran on the default stream"
+        assert stream not in step_streams, f"the copies ran on the step's stream {stream}"
+        assert all(copy.pinned for copy in module.copies), module.copies
+    else:
+        assert copy_streams == step_streams and len(step_streams) == 1, (copy_streams, step_streams)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
