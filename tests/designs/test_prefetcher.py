@@ -346,7 +346,7 @@ def test_checkpointed_loader_state_matches_the_consumed_batches(depth):
     assert module.recorded == consumed
     if runs_ahead:
         # the loader itself ran ahead: without the per-batch snapshot the checkpoint would skip batches
-        assert any(live > done for live, done in zip(module.live, consumed)), (module.live, consumed)
+        assert any(live > done for live, done in zip(module.live, consumed, strict=True)), (module.live, consumed)
 
 
 @pytest.mark.timeout(60)
@@ -361,7 +361,8 @@ def test_resumed_run_redelivers_prefetched_but_unconsumed_batches(depth, tmp_pat
     def loader():
         return StatefulDataLoader(SizedItems(24), batch_size=2)
 
-    first = CrashingModule((2,), crash_at=3)  # checkpoint after step call 2 (4 batches), crash before consuming in call 3
+    # checkpoint after step call 2 (4 batches), crash before consuming in call 3
+    first = CrashingModule((2,), crash_at=3)
     with pytest.raises(Crash):
         trainer().fit(first, loader())
     assert first.record.received == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (10, 11)]
