@@ -245,6 +245,9 @@ def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
     return batch_to_device(batch)
 
 
+StepItem = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx): what ``next(dataloader_iter)`` returns
+
+
 # [RFC 2] the iterator a step call receives
 class StepIterator(Iterator):
     """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
@@ -258,13 +261,13 @@ class StepIterator(Iterator):
         self._step = step
         self._closed = False
 
-    def _take(self) -> tuple[Any, int, int]:
+    def _take(self) -> StepItem:
         raise NotImplementedError
 
     def _has_next(self) -> bool:
         raise NotImplementedError
 
-    def __next__(self) -> tuple[Any, int, int]:
+    def __next__(self) -> StepItem:
         if self._closed:
             raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
         return self._take()

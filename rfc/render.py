@@ -35,8 +35,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # run as a script or loaded by path (tests): the package sits next to this file
-    sys.path.insert(0, str(HERE))
+# Run as a script or loaded by path (tests): the ``rendering`` package sits next to this file, and what it shares
+# with the suite and the benchmarks (``harness_common``, the registry in ``prototypes``) in the repository above it.
+for _path in (HERE.parent, HERE):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from rendering.pages import BLOCKS, display_path, plan, stale, write  # noqa: E402
 from rendering.results import RenderError, load_inputs  # noqa: E402

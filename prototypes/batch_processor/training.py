@@ -17,7 +17,7 @@ from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
+from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
@@ -99,7 +99,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
 
-    def _fetch(self, data_fetcher: _DataFetcher) -> Item:
+    def _fetch(self, data_fetcher: _DataFetcher) -> StepItem:
         if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
             # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
             # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
@@ -113,7 +113,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         loader = self.trainer.fit_loop._combined_loader
         return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits))
 
-    def _hand_out(self, item: Item) -> Item:
+    def _hand_out(self, item: StepItem) -> StepItem:
         batch, _, dataloader_idx = item
         # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
         batch_idx = self.batch_progress.current.ready
