@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_blocks:
         for name, fn in BLOCKS.items():
             print(f"{name}: {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}")
+        print("code-item-<n>: inline, in item n of the list 'What Lightning has to change': the code tagged [RFC n]")
         return 0
 
     rfc_dir = args.rfc_dir.resolve()

@@ -27,6 +27,7 @@ from prototypes.common import (
 from prototypes.lightning_changes import PredictionWriterSeesStepCalls, StockProfilerActions
 
 
+# [RFC 7]
 class _EvaluationStepsPullBatches:
     """What :class:`IteratorEvaluationLoop` and :class:`IteratorPredictionLoop` share: the steps of one run.
 
