@@ -97,9 +97,10 @@ def _definition_lines(tree: ast.Module, lines: list[str], module: str) -> dict[i
             while line >= 1 and lines[line - 1].lstrip().startswith("#"):
                 attached[line] = pointer
                 line -= 1
-            first = child.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                attached.update(dict.fromkeys(range(first.lineno, (first.end_lineno or first.lineno) + 1), pointer))
+            if ast.get_docstring(child) is not None:
+                docstring = child.body[0]
+                lines_of_docstring = range(docstring.lineno, (docstring.end_lineno or docstring.lineno) + 1)
+                attached.update(dict.fromkeys(lines_of_docstring, pointer))
             visit(child, name)
 
     visit(tree, "")
