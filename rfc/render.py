@@ -19,6 +19,11 @@ What it writes:
 
   Block names: see ``BLOCKS`` in ``rendering/pages.py`` (``python rfc/render.py --list-blocks``).
 
+* The code pointers of the RFC's list "What Lightning has to change": each item ends with an inline block
+  ``code-item-<n>`` naming the classes and functions tagged ``[RFC n]`` in ``prototypes/``; a render fails, naming
+  the item or the tag, on an item without a tag (unless it says ``*No prototype code:*`` and why) or a tag without an
+  item (``rendering/code_pointers.py``).
+
 Every block renders the setup line (machine, versions, commit) of the JSON it reads; a page shows each setup line
 and each run warning once, where it first appears (``once_per_page`` in ``rendering/markdown.py``). Missing result
 files render a "no results yet: run <command>" note. PNG staleness is judged from a hash of the plot's input data
