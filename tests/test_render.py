@@ -452,7 +452,8 @@ def test_each_items_code_is_rendered_from_its_tags(listed):
     assert run(listed, "--check").returncode == 0
     # a tag moved in the code makes the committed page stale
     _edit(listed.parent / "prototypes" / "design" / "loops.py", "    # [RFC 2]\n", "")
-    _edit(listed.parent / "prototypes" / "design" / "loops.py", "    def count(self):", "    # [RFC 2]\n    def count(self):")
+    loops = listed.parent / "prototypes" / "design" / "loops.py"
+    _edit(loops, "    def count(self):", "    # [RFC 2]\n    def count(self):")
     assert run(listed, "--check").returncode == 1
 
 
@@ -488,3 +489,13 @@ def test_an_item_with_tags_must_show_its_code(listed):
     _edit(listed / "index.md", " *Code:* <!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->", "")
     result = run(listed)
     assert result.returncode == 2 and "item 1 does not show its code" in result.stderr
+
+
+def test_an_items_block_sits_in_that_item(listed):
+    _edit(listed / "index.md", "GENERATED: code-item-2 --><!-- END GENERATED: code-item-2",
+          "GENERATED: code-item-1 --><!-- END GENERATED: code-item-1")
+    result = run(listed)
+    assert result.returncode == 2 and "item 2 holds block code-item-1, which belongs in item 1" in result.stderr
+    (listed / "page.md").write_text("<!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->\n")
+    result = run(listed)
+    assert result.returncode == 2 and "page.md: a code-item block outside the list's items" in result.stderr

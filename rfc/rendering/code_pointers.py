@@ -32,7 +32,7 @@ LIST_START = "**What Lightning has to change**"
 NO_CODE = "*No prototype code:*"
 BLOCK_RE = re.compile(r"code-item-(\d+)")
 _ITEM_RE = re.compile(r"(\d+)\. ")
-_MARKER_RE = re.compile(r"<!-- BEGIN GENERATED: (code-item-\d+) -->")
+_MARKER_RE = re.compile(r"<!-- BEGIN GENERATED: (code-item-(\d+)) -->")
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,19 @@ def check(inputs: Inputs, pages: dict[Path, str]) -> list[str]:
     tags, problems = read_tags(code_dir(inputs))
     lists = {path: items for path, text in pages.items() if (items := list_items(text)) is not None}
     for path, text in pages.items():
-        for name in _MARKER_RE.findall(text):
-            if path not in lists or not any(f"GENERATED: {name} " in item for item in lists[path].values()):
-                problems.append(f"{display_path(path)}: block {name} is outside the list's items")
+        items_here = lists.get(path) or {}
+        in_items = 0
+        for number, item in items_here.items():
+            for name, of in _MARKER_RE.findall(item):
+                in_items += 1
+                if int(of) != number:
+                    problems.append(
+                        f"{display_path(path)}: item {number} holds block {name}, which belongs in item {of}"
+                    )
+        if len(_MARKER_RE.findall(text)) > in_items:
+            problems.append(
+                f"{display_path(path)}: a code-item block outside the list's items; each belongs in its item"
+            )
     if len(lists) > 1:
         problems.append(f"the list {LIST_START} is on more than one page: {', '.join(map(display_path, lists))}")
     if not lists:
