@@ -27,8 +27,8 @@ import torch
 
 from benchmarks import results, summary, workloads
 from benchmarks.measuring import Interleaved
+from harness_common import SelectionError, select_designs
 from prototypes import IMPLEMENTATIONS, Design
-from tests.conformance.plugin import select_designs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -49,7 +49,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if measuring(config) and not config.getoption("--benchmark-tables"):
         config.option.benchmark_quiet = True
     outside: dict[str, Design] = {}
-    for design in select_designs(config.getoption("--impl")):
+    try:
+        selected = select_designs(config.getoption("--impl"))
+    except SelectionError as error:
+        raise pytest.UsageError(str(error)) from None
+    for design in selected:
         if design.name not in IMPLEMENTATIONS:
             outside.setdefault(design.name, design)
     IMPLEMENTATIONS.update(outside)

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.measuring import Interleaved
-from benchmarks.provenance import REPO_ROOT, cpu_model, provenance, version
 from benchmarks.targets import evaluate_targets
 from benchmarks.workloads import TORCH_THREADS
+from harness_common import REPO_ROOT, cpu_model, provenance, version
 from prototypes import IMPLEMENTATIONS
 
 RESULTS_DIR = REPO_ROOT / "rfc" / "results"

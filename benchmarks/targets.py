@@ -8,8 +8,8 @@ like the ones already registered.
 Each judged result carries the figure's median over rounds (``value``), its 95 % interval (``interval``) and a
 ``verdict`` from the interval (``benchmarks.intervals``): met, missed, inconclusive (the interval straddles the
 threshold), or not judged with a ``reason`` (too few rounds for an interval, or a point whose measured L/C or M/C
-is off its nominal value by more than ``RATIO_TOLERANCE``: the point measured something else). ``met`` (True only
-for "met") is kept for readers of older files.
+is off its nominal value by more than ``harness_common.RATIO_TOLERANCE``: the point measured something else).
+``met`` (True only for "met") is kept for readers of older files.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from benchmarks import intervals
+from harness_common import RATIO_TOLERANCE
 from prototypes.common import Design
-
-# A point is judged only when its measured ratio (L/C in S1, M/C in S6) is within this share of the nominal one.
-RATIO_TOLERANCE = 0.10
 
 TARGETS = {
     "S1": dict(

@@ -1,15 +1,13 @@
-"""The benchmark harness itself: measuring, workloads, targets, provenance (fast; skipped by ``--benchmark-only``)."""
+"""The benchmark harness itself: measuring, workloads, targets (fast; skipped by ``--benchmark-only``)."""
 
 from __future__ import annotations
 
 import math
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks import conftest, intervals, measuring, provenance, targets, workloads
+from benchmarks import conftest, intervals, measuring, targets, workloads
 from prototypes.common import Design
 
 
@@ -234,24 +232,3 @@ def test_design_entries_add_the_depths_of_a_design_that_prefetches_only() -> Non
         depths = [workloads.depth_of(d) for d in prefetching if d.name == name]
         assert {0, 1, 2, 4} <= set(depths) and len(depths) == len(set(depths))
         assert sum(workloads.is_default(d) for d in prefetching if d.name == name) == 1
-
-
-def _git(root: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
-                   capture_output=True, timeout=30)
-
-
-def test_the_code_counts_as_changed_only_outside_the_results_and_rendered_pages(tmp_path: Path) -> None:
-    for path in ("prototypes/design.py", "rfc/results/conformance.json", "rfc/generated/matrix.md"):
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text("committed\n")
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-q", "-m", "measured code")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
-
-    (tmp_path / "rfc/results/conformance.json").write_text("a new run\n")
-    (tmp_path / "rfc/generated/matrix.md").write_text("re-rendered\n")
-    assert provenance.code_revision(tmp_path) == {"git_commit": head, "git_dirty": False}
-    (tmp_path / "prototypes/design.py").write_text("changed\n")
-    assert provenance.code_revision(tmp_path) == {"git_commit": head, "git_dirty": True}

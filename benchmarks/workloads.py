@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata import nodes
 
 from benchmarks.measuring import Interleaved, Probe
-from benchmarks.targets import RATIO_TOLERANCE
+from harness_common import RATIO_TOLERANCE
 from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
 from tests.conformance.harness import QUIET
@@ -405,7 +405,7 @@ class Settled:
 def settle(pilot: Callable[[Knob, Knob], tuple[float, float]], first: Knob, second: Knob, attempts: int) -> Settled:
     """Knobs whose times, measured by ``pilot`` (a few rounds interleaved as the point's own, medians), stand in
     the nominal ratio: each knob is corrected from its own measurement until the ratio is within half of
-    ``targets.RATIO_TOLERANCE`` (the rest is left for drift during the rounds), at most ``attempts`` corrections;
+    ``harness_common.RATIO_TOLERANCE`` (the rest is left for drift during the rounds), at most ``attempts`` corrections;
     the knobs of the closest pilot are kept.
 
     Why in the point's own conditions: calibrated alone, before the rounds and from a fastest run, C came out

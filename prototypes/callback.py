@@ -76,14 +76,13 @@ from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
     NoProgressGuard,
+    StepItem,
     StepIterator,
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
     transfer_batch,
 )
-
-Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), what ``next(dataloader_iter)`` returns
 
 # The steps each ``trainer.<stage>()`` may call with ``dataloader_iter`` (``setup``'s ``stage`` argument).
 STEP_HOOKS = {
@@ -121,10 +120,10 @@ class BatchFeed:
         self.consumed = 0  # batches of the current dataloader handed to steps: the next batch_idx
         self.steps = 0  # step calls this epoch
         self.dataloader_idx = 0
-        self.lookahead: Item | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
+        self.lookahead: StepItem | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
         self.restored = False  # the counts come from a checkpoint: the next iterator continues them
         self._batch_counts = batch_counts
-        self._source: Iterator[Item] | None = None
+        self._source: Iterator[StepItem] | None = None
         self._exhausted = False
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
@@ -134,7 +133,7 @@ class BatchFeed:
         self.lookahead = None
         self.restored = False
 
-    def begin_step(self, source: Iterator[Item], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+    def begin_step(self, source: Iterator[StepItem], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
         """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
         (Lightning makes a new one each epoch and each evaluation run), which counts from 0 unless the counts were
         just restored from a checkpoint (a run resumed mid-epoch carries on).
@@ -181,7 +180,7 @@ class BatchFeed:
             self.consumed = 0
         return True
 
-    def next(self) -> Item:
+    def next(self) -> StepItem:
         if not self.has_next():
             raise StopIteration  # the end of this call's dataloader, or of the data
         if self.lookahead is not None:
@@ -196,7 +195,7 @@ class BatchFeed:
         batch_idx, self.consumed = self.consumed, self.consumed + 1
         return transfer_batch(self._trainer, batch, dataloader_idx), batch_idx, dataloader_idx
 
-    def drain(self) -> int:
+    def drop_remaining(self) -> int:
         """Read and drop what remains of Lightning's iterator, so Lightning ends the epoch after this step call
         (its iterator's ``done`` is the only public lever for that); returns the number of batches dropped."""
         dropped = int(self.lookahead is not None)
@@ -222,7 +221,7 @@ class FeedStepIterator(StepIterator):
         super().__init__(hook_name)
         self._feed = feed
 
-    def _take(self) -> Item:
+    def _take(self) -> StepItem:
         return self._feed.next()
 
     def _has_next(self) -> bool:
@@ -322,7 +321,7 @@ class DataloaderIterCallback(Callback):
                 return has_batch  # evaluation steps run no collective of their own; uneven shards are left as is
             if every_rank_has_a_batch(trainer, has_batch):
                 return True
-            if has_batch and (dropped := feed.drain()):
+            if has_batch and (dropped := feed.drop_remaining()):
                 warnings.warn(
                     f"rank {trainer.global_rank}: another rank ran out of training data, so this rank ends the epoch "
                     f"after the same step call and drops the {dropped} batch(es) it had left (DDP needs every rank in "
@@ -334,7 +333,7 @@ class DataloaderIterCallback(Callback):
         # ``wraps`` keeps the user's signature visible (``__wrapped__``): Lightning keeps choosing its
         # dataloader_iter flavour and passes its iterator as the one positional argument.
         @functools.wraps(user_step)
-        def step(dataloader_iter: Iterator[Item]) -> Any:
+        def step(dataloader_iter: Iterator[StepItem]) -> Any:
             first_call = feed.begin_step(dataloader_iter, trainer, pl_module)
             has_batch = feed.enter_step()
             if first_call:  # no vote at the end of an earlier call covers this one

@@ -117,6 +117,7 @@ def ranks_end_together(dataloaders: Iterable[Any]) -> bool:
     return bool(loaders) and all(equal_length(loader) for loader in loaders)
 
 
+# [RFC 8]
 def end_of_data_vote_needed(trainer: pl.Trainer, dataloaders: Iterable[Any]) -> bool:
     """Whether the ranks must vote on the end of data (``every_rank_has_a_batch``) while iterating ``dataloaders``:
     under DDP with more than one rank, unless the loaders give every rank the same number of batches.
@@ -131,6 +132,7 @@ def end_of_data_vote_needed(trainer: pl.Trainer, dataloaders: Iterable[Any]) -> 
     return not ranks_end_together(dataloaders)
 
 
+# [RFC 10]
 def refuse_mixed_step_signature(step: Callable[..., Any], hook_name: str) -> None:
     """Raise a clear error when a step asks for ``dataloader_iter`` *and* a batch (clause C14).
 
@@ -158,6 +160,7 @@ def refuse_mixed_step_signature(step: Callable[..., Any], hook_name: str) -> Non
         )
 
 
+# [RFC 10]
 class NoProgressGuard:
     """Stops a run whose step keeps returning without consuming a batch while batches remain (clause C14).
 
@@ -245,6 +248,9 @@ def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
     return batch_to_device(batch)
 
 
+StepItem = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx): what ``next(dataloader_iter)`` returns
+
+
 # [RFC 2] the iterator a step call receives
 class StepIterator(Iterator):
     """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
@@ -258,13 +264,13 @@ class StepIterator(Iterator):
         self._step = step
         self._closed = False
 
-    def _take(self) -> tuple[Any, int, int]:
+    def _take(self) -> StepItem:
         raise NotImplementedError
 
     def _has_next(self) -> bool:
         raise NotImplementedError
 
-    def __next__(self) -> tuple[Any, int, int]:
+    def __next__(self) -> StepItem:
         if self._closed:
             raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
         return self._take()

@@ -31,7 +31,7 @@ from pytorch_lightning.utilities.combined_loader import CombinedLoader
 from prototypes.common import NoProgressGuard, end_of_data_vote_needed, every_rank_has_a_batch
 
 
-# ----------------------------------------------------------------------- [RFC 1] progress counts batches
+# ----------------------------------------------------------------------- [RFC 11] stock profiler action names
 class StockProfilerActions:
     """Loop subclasses that profile fetches under stock Lightning's action names ([RFC 11])."""
 
@@ -61,6 +61,7 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
     def _consumed_by_last_call(self) -> int:
         raise NotImplementedError
 
+    # [RFC 1] the validation interval reads the batch count
     def _should_check_val_fx(self, data_fetcher: Any) -> bool:
         if not self._steps_pull_batches():
             return super()._should_check_val_fx(data_fetcher)
@@ -88,6 +89,7 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
         raise NotImplementedError
 
+    # [RFC 3]
     def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
         # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
         # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
@@ -110,6 +112,7 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         with self._draining():
             drain(self.trainer, self._drain_call)
 
+    # [RFC 3]
     def _drain_call(self) -> bool:
         """One drain call: no batch, so no batch hooks and no batch progress.
 
@@ -159,6 +162,7 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
 
 
+# [RFC 11]
 def stock_fetch_action(loop: Any) -> str:
     """``[_TrainingEpochLoop].train_dataloader_next`` and its kin, whatever the subclass (C1).
 
@@ -183,6 +187,7 @@ def epoch_stopped_early(trainer: pl.Trainer) -> bool:
     return trainer.should_stop or _is_max_limit_reached(trainer.global_step, epoch_loop.max_steps)
 
 
+# [RFC 3]
 def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
     """Make drain calls until one ends the draining (clause C17); returns how many were made.
 
@@ -221,6 +226,7 @@ def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], 
     return combined_loader._state_dicts
 
 
+# [RFC 6]
 def loader_states(combined_loader: CombinedLoader | None) -> list[dict] | None:
     """The loaders' state now, or None when no loader can be resumed (only stateful loaders are checkpointed)."""
     return loader_state_reader(combined_loader)()
@@ -287,6 +293,7 @@ class _StepRaisedStopIteration(Exception):
     """Carries a step's StopIteration past Lightning's manual-optimisation loop, which suppresses it."""
 
 
+# [RFC 10]
 class ManualOptimizationSeesStopIteration(_ManualOptimization):
     """Lightning's manual optimisation, except that a ``StopIteration`` raised by the step reaches the caller.
 

@@ -19,6 +19,11 @@ What it writes:
 
   Block names: see ``BLOCKS`` in ``rendering/pages.py`` (``python rfc/render.py --list-blocks``).
 
+* The code pointers of the RFC's list "What Lightning has to change": each item ends with an inline block
+  ``code-item-<n>`` naming the classes and functions tagged ``[RFC n]`` in ``prototypes/``; a render fails, naming
+  the item or the tag, on an item without a tag (unless it says ``*No prototype code:*`` and why) or a tag without an
+  item (``rendering/code_pointers.py``).
+
 Every block renders the setup line (machine, versions, commit) of the JSON it reads; a page shows each setup line
 and each run warning once, where it first appears (``once_per_page`` in ``rendering/markdown.py``). Missing result
 files render a "no results yet: run <command>" note. PNG staleness is judged from a hash of the plot's input data
@@ -35,8 +40,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # run as a script or loaded by path (tests): the package sits next to this file
-    sys.path.insert(0, str(HERE))
+# Run as a script or loaded by path (tests): the ``rendering`` package sits next to this file, and what it shares
+# with the suite and the benchmarks (``harness_common``, the registry in ``prototypes``) in the repository above it.
+for _path in (HERE.parent, HERE):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from rendering.pages import BLOCKS, display_path, plan, stale, write  # noqa: E402
 from rendering.results import RenderError, load_inputs  # noqa: E402
@@ -54,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_blocks:
         for name, fn in BLOCKS.items():
             print(f"{name}: {(fn.__doc__ or '').strip().splitlines()[0] if fn.__doc__ else ''}")
+        print("code-item-<n>: inline, in item n of the list 'What Lightning has to change': the code tagged [RFC n]")
         return 0
 
     rfc_dir = args.rfc_dir.resolve()

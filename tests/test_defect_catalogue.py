@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import harness_common
 from tests.conformance import plugin
 from tests.conformance.defects import CATALOGUE, Defect
 
@@ -83,7 +84,7 @@ def main(argv: list[str]) -> int:
     status = pytest.main([__file__, "-p", "no:cacheprovider", "-q", *argv[1:]], plugins=[records])
     order = {d.name: position for position, d in enumerate(CATALOGUE)}
     payload = dict(
-        schema=1, setup=plugin.run_setup(), clauses=plugin.CLAUSES,
+        schema=1, setup=harness_common.conformance_setup(), clauses=plugin.CLAUSES,
         defects=sorted(records.records, key=lambda r: order[r["name"]]),
     )
     path.parent.mkdir(parents=True, exist_ok=True)

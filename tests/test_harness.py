@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 
+import harness_common
 import prototypes
 from prototypes import IMPLEMENTATIONS
 from prototypes.batch_processor.training import IteratorTrainingEpochLoop
@@ -364,7 +365,7 @@ IMPOSTOR = 'from prototypes.common import Design\nDESIGN = Design(name={name!r},
 def test_a_bad_outside_design_is_an_error_naming_the_fix(pytester, site, impl, entry_points, error):
     for name in ("upstream", "mine"):
         (site / "mypkg" / f"{name}.py").write_text(IMPOSTOR.format(name=name))
-    install_entry_points(site, {plugin.ENTRY_POINT_GROUP: entry_points})
+    install_entry_points(site, {harness_common.ENTRY_POINT_GROUP: entry_points})
     outcome = run_suite(pytester, *(["--impl", impl] if impl else []), "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     outcome.stderr.fnmatch_lines([error])

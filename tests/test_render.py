@@ -395,3 +395,107 @@ def test_real_pipelines_table_shows_batches_per_epoch_and_merges_alike_variants(
     matrix = (rfc / "generated" / "matrix.md").read_text()
     assert "| Pipeline | Loader | `alpha` | `beta` |" in matrix  # beta's variants agree: one column
     assert "| `TrainPipelineBase` | `sized-w0` | 7 · 7 of 8 · 8 ✗ | 8 · 8 ✓ |" in matrix
+
+
+# ------------------------------------------------------------------ the list's code pointers, read from [RFC n] tags
+LIST_PAGE = """# RFC
+
+**What Lightning has to change** (a lead paragraph
+that runs over two lines).
+
+1. Count batches. *Code:* <!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->.
+2. Look ahead, a sentence that
+   goes on. *Code:* <!-- BEGIN GENERATED: code-item-2 --><!-- END GENERATED: code-item-2 -->.
+3. Document the flavour. *No prototype code:* it is Lightning's documentation.
+
+The paragraph after the list.
+"""
+
+CODE = '''"""A design's module."""
+
+
+# [RFC 1] a comment line above a class tags it
+class Counter:
+    def count(self):
+        """Counts a batch ([RFC 1]): a docstring tags its own method."""
+
+    # [RFC 2]
+    @property
+    def ahead(self):
+        return None
+'''
+
+
+@pytest.fixture
+def listed(rfc: Path) -> Path:
+    """The temporary RFC with the list in its ``index.md``, and a ``prototypes`` package next to it with tags."""
+    (rfc / "index.md").write_text(LIST_PAGE)
+    code = rfc.parent / "prototypes"
+    (code / "design").mkdir(parents=True)
+    (code / "design" / "__init__.py").write_text("")
+    (code / "design" / "loops.py").write_text(CODE)
+    return rfc
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def test_each_items_code_is_rendered_from_its_tags(listed):
+    assert run(listed).returncode == 0
+    text = (listed / "index.md").read_text()
+    assert ("*Code:* <!-- BEGIN GENERATED: code-item-1 -->`design.loops.Counter`, `design.loops.Counter.count`"
+            "<!-- END GENERATED: code-item-1 -->.") in text
+    assert "<!-- BEGIN GENERATED: code-item-2 -->`design.loops.Counter.ahead`<!-- END GENERATED" in text
+    assert run(listed, "--check").returncode == 0
+    # a tag moved in the code makes the committed page stale
+    _edit(listed.parent / "prototypes" / "design" / "loops.py", "    # [RFC 2]\n", "")
+    loops = listed.parent / "prototypes" / "design" / "loops.py"
+    _edit(loops, "    def count(self):", "    # [RFC 2]\n    def count(self):")
+    assert run(listed, "--check").returncode == 1
+
+
+def test_an_item_without_a_tag_fails_naming_the_item(listed):
+    _edit(listed.parent / "prototypes" / "design" / "loops.py", "    # [RFC 2]\n", "")
+    for args in ((), ("--check",)):
+        result = run(listed, *args)
+        assert result.returncode == 2
+        assert "index.md: item 2 has no [RFC 2] tag in the code" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_tag_without_an_item_fails_naming_the_tag(listed):
+    _edit(listed.parent / "prototypes" / "design" / "loops.py", "# [RFC 2]", "# [RFC 7]")
+    result = run(listed, "--check")
+    assert result.returncode == 2
+    assert "prototypes/design/loops.py:9: [RFC 7] on `design.loops.Counter.ahead` names no item" in result.stderr
+
+
+def test_a_tag_that_sits_on_no_definition_fails(listed):
+    _edit(listed.parent / "prototypes" / "design" / "loops.py", "        return None", "        return None  # [RFC 1]")
+    result = run(listed, "--check")
+    assert result.returncode == 2 and "loops.py:12: [RFC 1] is not a tag" in result.stderr
+
+
+def test_no_prototype_code_stands_for_a_tag_but_not_beside_one(listed):
+    assert run(listed).returncode == 0  # item 3 has no tag and says why
+    _edit(listed.parent / "prototypes" / "design" / "loops.py", "    # [RFC 2]\n", "    # [RFC 2]\n    # [RFC 3]\n")
+    result = run(listed)
+    assert result.returncode == 2 and "item 3 says '*No prototype code:*', but" in result.stderr
+
+
+def test_an_item_with_tags_must_show_its_code(listed):
+    _edit(listed / "index.md", " *Code:* <!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->", "")
+    result = run(listed)
+    assert result.returncode == 2 and "item 1 does not show its code" in result.stderr
+
+
+def test_an_items_block_sits_in_that_item(listed):
+    _edit(listed / "index.md", "GENERATED: code-item-2 --><!-- END GENERATED: code-item-2",
+          "GENERATED: code-item-1 --><!-- END GENERATED: code-item-1")
+    result = run(listed)
+    assert result.returncode == 2 and "item 2 holds block code-item-1, which belongs in item 1" in result.stderr
+    (listed / "page.md").write_text("<!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->\n")
+    result = run(listed)
+    assert result.returncode == 2 and "page.md: a code-item block outside the list's items" in result.stderr

@@ -16,7 +16,7 @@ from pytorch_lightning.loops.utilities import _no_grad_context
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
+from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
@@ -27,6 +27,7 @@ from prototypes.common import (
 from prototypes.lightning_changes import PredictionWriterSeesStepCalls, StockProfilerActions
 
 
+# [RFC 7]
 class _EvaluationStepsPullBatches:
     """What :class:`IteratorEvaluationLoop` and :class:`IteratorPredictionLoop` share: the steps of one run.
 
@@ -45,9 +46,9 @@ class _EvaluationStepsPullBatches:
         assert self._data_fetcher is not None
         batches = LookAhead(partial(fetch_within_limits, self._data_fetcher), partial(transfer_batch, trainer))
         no_progress = NoProgressGuard(step)
-        handed_out: list[Item] = []
+        handed_out: list[StepItem] = []
 
-        def hand_out(item: Item) -> Item:
+        def hand_out(item: StepItem) -> StepItem:
             progress.increment_ready()
             progress.increment_started()
             progress.is_last_batch = batches.exhausted

@@ -7,9 +7,7 @@ from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher
 
-from prototypes.common import StepIterator
-
-Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
+from prototypes.common import StepItem, StepIterator
 
 
 class LookAhead:
@@ -24,12 +22,12 @@ class LookAhead:
     """
 
     def __init__(
-        self, fetch: Callable[[], Item], transfer: Callable[[Any, int], Any], snapshot: Callable[[], Any] | None = None
+        self, fetch: Callable[[], StepItem], transfer: Callable[[Any, int], Any], snapshot: Callable[[], Any] | None = None
     ) -> None:
         self._fetch = fetch
         self._transfer = transfer
         self._snapshot = snapshot or (lambda: None)
-        self._head: Item | None = None
+        self._head: StepItem | None = None
         self._head_transferred = False
         self._fetch_error: Exception | None = None
         self.exhausted = False
@@ -59,7 +57,7 @@ class LookAhead:
         """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
         return self.exhausted or (self._head is not None and self._head[2] != dataloader_idx)
 
-    def peek(self) -> Item:
+    def peek(self) -> StepItem:
         """The next batch, transferred, without taking it; ``StopIteration`` when none remains."""
         if self._fetch_error is not None:
             raise self._fetch_error
@@ -71,7 +69,7 @@ class LookAhead:
             self._head_transferred = True
         return self._head
 
-    def take(self) -> Item:
+    def take(self) -> StepItem:
         """The next batch, transferred; fetches the one after it so ``exhausted`` is exact afterwards."""
         item = self.peek()
         self._fetch_head()
@@ -83,12 +81,16 @@ class LookAheadStepIterator(StepIterator):
     them on (the loop counts them there)."""
 
     def __init__(
-        self, batches: LookAhead, hand_out: Callable[[Item], Item], dataloader_idx: int = 0, step: str = "training_step"
+        self,
+        batches: LookAhead,
+        hand_out: Callable[[StepItem], StepItem],
+        dataloader_idx: int = 0,
+        step: str = "training_step",
     ) -> None:
         super().__init__(step)
         self._batches, self._hand_out, self._dataloader_idx = batches, hand_out, dataloader_idx
 
-    def _take(self) -> Item:
+    def _take(self) -> StepItem:
         if self._batches.exhausted_for(self._dataloader_idx):
             raise StopIteration
         return self._hand_out(self._batches.take())
@@ -97,7 +99,7 @@ class LookAheadStepIterator(StepIterator):
         return not self._batches.exhausted_for(self._dataloader_idx)
 
 
-def fetch_within_limits(data_fetcher: _DataFetcher) -> Item:
+def fetch_within_limits(data_fetcher: _DataFetcher) -> StepItem:
     # the combined loader does not stop at a `limit_*_batches`; the fetcher's `done` counts against it
     if data_fetcher.done:
         raise StopIteration

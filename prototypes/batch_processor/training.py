@@ -17,7 +17,7 @@ from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
-from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
+from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
@@ -99,7 +99,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
 
-    def _fetch(self, data_fetcher: _DataFetcher) -> Item:
+    def _fetch(self, data_fetcher: _DataFetcher) -> StepItem:
         if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
             # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
             # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
@@ -113,7 +113,8 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         loader = self.trainer.fit_loop._combined_loader
         return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits))
 
-    def _hand_out(self, item: Item) -> Item:
+    # [RFC 1] each batch handed out is counted
+    def _hand_out(self, item: StepItem) -> StepItem:
         batch, _, dataloader_idx = item
         # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
         batch_idx = self.batch_progress.current.ready
@@ -124,6 +125,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._step_batches.append(batch)
         return batch, batch_idx, dataloader_idx
 
+    # [RFC 9]
     def _step_batch_size(self) -> int | None:
         """Samples the running step consumed (1 if none, Lightning's fallback); None if a size cannot be inferred."""
         try:
@@ -242,6 +244,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             dataloader_iter.close()
             self._last_step_consumed = self.batch_progress.current.ready - consumed_before
 
+    # [RFC 5]
     def _run_automatic(self, kwargs: OrderedDict) -> dict:
         # Lightning calls `optimizer.step(closure)` and runs the step inside it, deciding beforehand whether to
         # step. Here the step runs first: only once it returns does the loop know whether it took the epoch's
@@ -283,10 +286,11 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._window_open, self._window_loss = False, None
 
     # ---- checkpoints and resume
+    # [RFC 16] the flavour's own entries, for that module only
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
         if self._steps_pull_batches():
-            # Why only for the flavour (C1, [RFC 16]): a regular module's checkpoint holds exactly what stock Lightning writes.
+            # Why only for the flavour (C1): a regular module's checkpoint holds exactly what stock Lightning writes.
             # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
             # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
             state_dict["step_calls"] = self._step_calls

@@ -181,6 +181,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             self._step_iterator.close()
             self._step_iterator = None
 
+    # [RFC 9]
     def step_batch_size(self) -> int:
         """Samples the current step call consumed (before its first next(): the batch it will get; a drain call gets
         none, so 1, Lightning's fallback)."""

@@ -32,6 +32,7 @@ from prototypes.lightning_changes import (
 from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
 
 
+# [RFC 1]
 class _CountsConsumed:
     """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
 
@@ -76,6 +77,7 @@ class _ConsumedProgress(_CountsConsumed, _Progress):
     """The prediction loop's ``_Progress`` (it has no ``is_last_batch`` field), counting consumed batches."""
 
 
+# [RFC 5]
 class _StepCallAutomaticOptimization(_AutomaticOptimization):
     """Lightning's automatic optimisation; with the prefetching fetcher, accumulation windows count step calls."""
 
@@ -275,6 +277,7 @@ class _Options:
         return self.copy_stream
 
 
+# [RFC 16]
 class _SerialisedProfilerCall:
     """The profiler's ``start`` or ``stop`` under the options' locks (``_Options.thread_records_on``).
 
@@ -339,6 +342,7 @@ class _InstallsPrefetchingFetcher:
         self.options.copy_stream = None
 
 
+# [RFC 7]
 class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     """The evaluation and prediction loops: Lightning's, with the design's fetcher and one call per dataloader."""
 

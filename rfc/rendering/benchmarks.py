@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness_common import RATIO_TOLERANCE
 from rendering.markdown import bench_setup, cell, code, fmt_number, no_results, table
 from rendering.results import BENCHMARK_COMMAND, Inputs
 
@@ -201,17 +202,15 @@ def target_result_cell(result: dict[str, Any], metric: str, threshold: Any = Non
     return f"{text} {verdict(result)}"
 
 
-CALIBRATION_TOLERANCE = 0.10  # a measured L/C or M/C further than this from the nominal one is flagged
-
-
 def _measured_ratio(result: dict[str, Any]) -> str:
     for ratio, label in (("M_over_C", "M/C"), ("L_over_C", "L/C")):  # S6 rows also carry the producer's L/C
         measured = result.get(f"{ratio}_measured")
         if is_number(measured):
             text = f"{label} {fmt_number(ratio, measured)}"
             nominal = result.get(ratio)
-            if is_number(nominal) and nominal and abs(measured / nominal - 1) > CALIBRATION_TOLERANCE:
-                text += f" (**off** the nominal {fmt_number(ratio, nominal)} by more than 10 %)"
+            if is_number(nominal) and nominal and abs(measured / nominal - 1) > RATIO_TOLERANCE:
+                share = f"{RATIO_TOLERANCE * 100:.0f} %"
+                text += f" (**off** the nominal {fmt_number(ratio, nominal)} by more than {share})"
             return text
     return "–"
 

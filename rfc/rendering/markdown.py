@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness_common import SETUP_HIDDEN, SETUP_LABELS
+
 _CODE_SPAN_RE = re.compile(r"(`+)(.+?)\1")
 
 
@@ -62,19 +64,6 @@ def _commit_text(setup: dict[str, Any]) -> str | None:
     dirty = commit.endswith("-dirty") or setup.get("git_dirty") is True
     commit = commit.removesuffix("-dirty")
     return f"commit {code(commit[:12])}" + (" (with uncommitted changes)" if dirty else "")
-
-
-SETUP_LABELS = [
-    ("machine", "machine"),
-    ("cpu_count", "CPUs"),
-    ("torch_threads", "torch threads"),
-    ("python", "Python"),
-    ("torch", "torch"),
-    ("pytorch_lightning", "pytorch-lightning"),
-    ("torchdata", "torchdata"),
-    ("pytest_benchmark", "pytest-benchmark"),
-]
-SETUP_HIDDEN = {"git_commit", "git_dirty", "generated_at", "machine_kind"}
 
 
 # How the page notes begin: a results file's setup line and the warnings about its run (see ``once_per_page``).

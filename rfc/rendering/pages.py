@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rendering import code_pointers
 from rendering.benchmarks import (
     bench_block,
     block_bench_notes,
@@ -71,7 +72,17 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
 }
 
 
+def block_named(name: str) -> Callable[[Inputs, Path], str] | None:
+    """The block a marker names: one of ``BLOCKS``, or a list item's code pointers (``code-item-<n>``)."""
+    if name in BLOCKS:
+        return BLOCKS[name]
+    match = code_pointers.BLOCK_RE.fullmatch(name)
+    return code_pointers.block_code_item(int(match.group(1))) if match else None
+
+
 def _wrap(name: str, content: str, command: str) -> str:
+    if code_pointers.BLOCK_RE.fullmatch(name):  # inline, inside a list item's sentence
+        return f"<!-- BEGIN GENERATED: {name} -->{content}<!-- END GENERATED: {name} -->"
     return (
         f"<!-- BEGIN GENERATED: {name} -->\n{GENERATED_NOTE.format(cmd=command)}\n\n"
         f"{content.rstrip()}\n\n<!-- END GENERATED: {name} -->"
@@ -159,9 +170,11 @@ def fill_blocks(text: str, inputs: Inputs, page_dir: Path, path: Path) -> str:
         raise RenderError(f"{path}: unbalanced or nested GENERATED markers (every BEGIN needs its own END)")
 
     for name in matched:
-        if name not in BLOCKS:
-            raise RenderError(f"{path}: unknown generated block {name!r}; known blocks: {', '.join(BLOCKS)}")
-    blocks = iter(once_per_page([BLOCKS[name](inputs, page_dir) for name in matched]))
+        if block_named(name) is None:
+            raise RenderError(
+                f"{path}: unknown generated block {name!r}; known blocks: {', '.join(BLOCKS)}, code-item-<n>"
+            )
+    blocks = iter(once_per_page([block_named(name)(inputs, page_dir) for name in matched]))
     return BLOCK_RE.sub(lambda m: _wrap(m.group("name"), next(blocks), inputs.command), text)
 
 
@@ -176,8 +189,11 @@ class Plan:
 
 def plan(inputs: Inputs) -> Plan:
     texts = generated_pages(inputs)
-    for page in _hand_written_pages(inputs):
-        old = page.read_text(encoding="utf-8")
+    hand_written = {page: page.read_text(encoding="utf-8") for page in _hand_written_pages(inputs)}
+    problems = code_pointers.check(inputs, hand_written)
+    if problems:
+        raise RenderError("the RFC's list and the code's [RFC n] tags disagree:\n  " + "\n  ".join(problems))
+    for page, old in hand_written.items():
         if "GENERATED:" in old:
             new = fill_blocks(old, inputs, page.parent, page)
             texts[page] = new

@@ -86,15 +86,16 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
         rows.append(row)
     legend = ("Conformance counts add up every variant of a design (for example each prefetch depth). Benchmark "
               "targets count each judged result (a target judges a design's registered configuration, at each "
-              "point it applies to); any other shows its median, 95 % interval and verdict. \"–\": no target applies to that "
-              "design or it was not measured. Private Lightning names: read from each design's source by "
-              "`python -m prototypes.coupling` (the design pages list them). Details: the conformance matrix, and "
+              "point it applies to); any other shows its median, 95 % interval and verdict. \"–\": no target applies "
+              "to that design or it was not measured. Private Lightning names: read from each design's source by "
+              "`python -m prototypes.coupling`, with how many of them the shared modules use, which every design "
+              "importing them shares (the design pages list them). Details: the conformance matrix, and "
               "the targets table of the benchmarks.")
     return "\n\n".join(parts + [table(headers, rows), legend])
 
 
 def _coupling_cell(name: str) -> str:
     try:
-        return str(private_names_used(name))
+        return private_names_used(name)
     except KeyError:  # a design in the results that is no longer registered
         return "–"

@@ -18,20 +18,14 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import json
-import operator
-import os
-import platform
-import re
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from benchmarks.provenance import provenance
+import harness_common
 from prototypes.common import Design
 from tests.conformance.terminal import write_matrix
 
@@ -44,7 +38,6 @@ settings.load_profile("default")
 
 SUITE_DIR = Path(__file__).parent
 EXPECTED_FAILURES_DIR = SUITE_DIR / "expected_failures"
-ENTRY_POINT_GROUP = "dataloader_iter_designs"
 
 CLAUSES = {
     "C1": "Selection",
@@ -83,124 +76,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ selection
-def _split_top_level(spec: str) -> list[str]:
-    """Split on commas outside brackets: ``a,b[x=1,y=2]`` -> ``["a", "b[x=1,y=2]"]``."""
-    return [part.strip() for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec) if part.strip()]
-
-
-def _parse_value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text.strip("'\"")
-
-
-def installed_designs() -> dict[str, importlib.metadata.EntryPoint]:
-    """The designs installed packages declare in the ``dataloader_iter_designs`` entry-point group, by name."""
-    from prototypes import IMPLEMENTATIONS
-
-    points = {point.name: point for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    clashes = [f"{name} = {points[name].value}" for name in sorted(set(points) & set(IMPLEMENTATIONS))]
-    if clashes:
-        raise pytest.UsageError(
-            f"entry points in group {ENTRY_POINT_GROUP!r} take the names of designs in this repository "
-            f"({'; '.join(clashes)}); rename each entry point and its Design in the package that declares it"
-        )
-    return points
-
-
-def _as_design(source: str, value: object) -> Design:
-    if not isinstance(value, Design):
-        raise pytest.UsageError(
-            f"--impl {source}: {type(value).__name__} is not a prototypes.common.Design; point it at an object "
-            "built with Design(name=..., summary=..., make_trainer=...)"
-        )
-    return value
-
-
-def _design_at(path: str) -> Design:
-    """The design ``package.module:ATTR`` names."""
-    module_name, _, attribute = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise pytest.UsageError(
-            f"--impl {path}: cannot import {module_name!r} ({error}); install the package that defines it "
-            "or put its directory on PYTHONPATH"
-        ) from None
-    try:
-        value = operator.attrgetter(attribute)(module)
-    except AttributeError:
-        designs = sorted(name for name, value in vars(module).items() if isinstance(value, Design))
-        raise pytest.UsageError(
-            f"--impl {path}: module {module_name!r} has no attribute {attribute!r}; "
-            f"the Designs it defines: {', '.join(designs) or 'none'}"
-        ) from None
-    design = _as_design(path, value)
-    from prototypes import IMPLEMENTATIONS
-
-    if IMPLEMENTATIONS.get(design.name, design) is not design:
-        raise pytest.UsageError(
-            f"--impl {path}: its name {design.name!r} is taken by a design in this repository; "
-            "give the outside design another Design(name=...)"
-        )
-    return design
-
-
-def _installed_design(point: importlib.metadata.EntryPoint) -> Design:
-    where = f"{point.name} (entry point {point.value!r} in group {ENTRY_POINT_GROUP!r})"
-    try:
-        value = point.load()
-    except (ImportError, AttributeError) as error:
-        raise pytest.UsageError(
-            f"--impl {where}: cannot load it ({error}); fix the entry point or reinstall its package"
-        ) from None
-    design = _as_design(where, value)
-    if design.name != point.name:
-        raise pytest.UsageError(
-            f"--impl {where}: the Design is named {design.name!r}; name the entry point after its Design"
-        )
-    return design
-
-
-def _design_named(name: str, installed: dict[str, importlib.metadata.EntryPoint]) -> Design:
-    from prototypes import IMPLEMENTATIONS
-
-    if ":" in name:
-        return _design_at(name)
-    if name in IMPLEMENTATIONS:
-        return IMPLEMENTATIONS[name]
-    if name in installed:
-        return _installed_design(installed[name])
-    raise pytest.UsageError(
-        f"--impl: unknown design {name!r}; valid names: {', '.join(sorted({*IMPLEMENTATIONS, *installed}))}, "
-        "or package.module:ATTR for a design defined elsewhere"
-    )
-
-
 def select_designs(spec: str | None) -> list[Design]:
-    from prototypes import IMPLEMENTATIONS
-
-    installed = installed_designs()  # a clash is an error even when nothing installed is selected
-    if not spec:
-        return [v for d in IMPLEMENTATIONS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
-    selected, by_name = [], {}
-    for part in _split_top_level(spec):
-        match = re.fullmatch(r"([\w.]+(?::[\w.]+)?)(?:\[(.*)\])?", part)
-        design = _design_named(match.group(1) if match else part, installed)
-        if by_name.setdefault(design.name, design) is not design:
-            raise pytest.UsageError(f"--impl: two different designs are named {design.name!r}; rename one")
-        if match and match.group(2) is not None:
-            options = dict(kv.split("=", 1) for kv in match.group(2).split(",") if kv)
-            try:
-                selected.append(design.variant(**{k.strip(): _parse_value(v) for k, v in options.items()}))
-            except TypeError as error:
-                raise pytest.UsageError(f"--impl {part}: {error}") from None
-        else:
-            selected.extend([design, *(design.variant(**o) for o in design.suite_variants)])
-    # Why: "prefetcher,prefetcher[depth=4]" names depth 4 twice (once among the suite's variants); one test per
-    # variant, in the order first named
-    return list({design.id: design for design in selected}.values())
+    """``harness_common.select_designs``, its errors reported as pytest usage errors (no traceback)."""
+    try:
+        return harness_common.select_designs(spec)
+    except harness_common.SelectionError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def _is_conformance(path: Path) -> bool:
@@ -377,17 +258,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         terminalreporter.write_line(f"conformance results written to {results_path}")
 
 
-def run_setup() -> dict:
-    """Where and with what a run happened: the ``setup`` of every results file."""
-    return dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
-
-
 def write_results(path: Path, state: _State) -> None:
     results = outcomes(state)
     names = sorted({r["design"] for r in results})
     payload = dict(
         schema=1,
-        setup=run_setup(),
+        setup=harness_common.conformance_setup(),
         clauses=CLAUSES,
         designs={name: dict(summary=state.summaries[name]) for name in names},
         results=results,

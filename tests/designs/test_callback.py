@@ -20,6 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import prototypes.callback
 from prototypes.callback import DESIGN, DataloaderIterCallback
 from prototypes.common import StepIterator
+from prototypes.coupling import private_uses_in_source
 from tests.conformance.harness import (
     BATCH_SIZE,
     QUIET,
@@ -40,13 +41,10 @@ def trainer(**overrides) -> pl.Trainer:
 
 
 # ------------------------------------------------------------------------------------------ the public-API rule
-LIGHTNING_PACKAGES = {"pytorch_lightning", "lightning", "lightning_fabric", "lightning_utilities"}
 # Reachable through attributes without a leading underscore, but instances of private classes (_FitLoop,
 # _TrainingEpochLoop, _BatchProgress, ...): Lightning 2.x made the loops private.
 LOOP_ATTRIBUTES = {"fit_loop", "validate_loop", "test_loop", "predict_loop", "epoch_loop", "val_loop",
                    "batch_progress", "epoch_progress"}
-# Python's own descriptive attributes, which every object has: reading them reaches nothing of Lightning's.
-LANGUAGE_ATTRIBUTES = {"__name__", "__qualname__", "__doc__"}
 # The one kind of write the design makes to an object it does not own: the user's own steps on the user's own
 # instance, as ``pl_module.<step> = ...`` or ``setattr``/``delattr`` on ``pl_module`` (the hook name is a variable
 # there, so test_only_the_users_steps_are_shadowed checks at run time that nothing but the steps is replaced).
@@ -55,23 +53,21 @@ ALLOWED_FOREIGN_WRITES = {("pl_module", hook) for hook in STEP_HOOKS}
 
 
 def public_api_violations(source: str) -> list[str]:
-    """Private Lightning names, loop objects, patching and writes to objects other than ``self``, by line."""
-    found = []
+    """Private Lightning names (``prototypes.coupling``'s scanner: the one definition of Lightning's private API),
+    loop objects, patching and writes to objects other than ``self``, by line."""
+    found = [f"line {use.line}: private Lightning name {use.name} ({use.kind})"
+             for use in private_uses_in_source(source)]
     for node in ast.walk(ast.parse(source)):
         line = getattr(node, "lineno", "?")
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                found += _import_violations(line, alias.name, [])
+            found += [violation for alias in node.names for violation in _mock_import(line, alias.name, [])]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            found += _import_violations(line, node.module, [alias.name for alias in node.names])
+            found += _mock_import(line, node.module, [alias.name for alias in node.names])
         elif isinstance(node, ast.Attribute):
-            own = (isinstance(node.value, ast.Name) and node.value.id == "self") or (  # super() is self too
-                isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) and node.value.func.id == "super"
-            )
-            if node.attr.startswith("_") and not own and node.attr not in LANGUAGE_ATTRIBUTES:
-                found.append(f"line {line}: private attribute .{node.attr}")
             if node.attr in LOOP_ATTRIBUTES:
                 found.append(f"line {line}: loop internals .{node.attr}")
+            if node.attr in {"__setattr__", "__delattr__"}:  # object.__setattr__(obj, ...) patches like setattr()
+                found.append(f"line {line}: .{node.attr}() can patch any object")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in {"setattr", "delattr"}:
             on_module = bool(node.args) and isinstance(node.args[0], ast.Name) and node.args[0].id == "pl_module"
             if not on_module:
@@ -82,14 +78,11 @@ def public_api_violations(source: str) -> list[str]:
     return found
 
 
-def _import_violations(line, module: str, names: list[str]) -> list[str]:
+def _mock_import(line, module: str, names: list[str]) -> list[str]:
     parts = module.split(".")
     if parts[0] == "unittest" and ("mock" in parts or "mock" in names):
         return [f"line {line}: imports unittest.mock (patching)"]
-    if parts[0] not in LIGHTNING_PACKAGES:
-        return []
-    private = [p for p in parts if p.startswith("_")] + [n for n in names if n.startswith("_")]
-    return [f"line {line}: private Lightning name {name} (from {module})" for name in private]
+    return []
 
 
 def _foreign_writes(targets) -> list[str]:

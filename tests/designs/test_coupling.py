@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.coupling import coupling_of, design_module, lightning_private_names
+from prototypes.coupling import Use, coupling_of, design_module, lightning_private_names, private_uses_in_source
 
 
 def test_the_public_api_designs_use_no_private_name():
@@ -17,11 +17,14 @@ def test_the_public_api_designs_use_no_private_name():
 
 
 def test_the_loop_changing_designs_are_coupled_through_their_shared_module():
-    for name in ("batch_processor", "prefetcher"):
-        found = coupling_of(design_module(IMPLEMENTATIONS[name]))
-        assert "pytorch_lightning.loops.training_epoch_loop._TrainingEpochLoop" in found.imported, name
-        assert "_should_check_val_fx" in found.overridden, name  # written once, in prototypes.lightning_changes
-        assert "_logger_connector" in found.accessed, name
+    found = {name: coupling_of(design_module(IMPLEMENTATIONS[name])) for name in ("batch_processor", "prefetcher")}
+    for name, coupling in found.items():
+        assert "pytorch_lightning.loops.training_epoch_loop._TrainingEpochLoop" in coupling.shared.imported, name
+        assert "_should_check_val_fx" in coupling.shared.overridden, name  # in prototypes.lightning_changes
+        assert "_logger_connector" in coupling.shared.accessed, name
+        assert not set(coupling.own.names) & set(coupling.shared.names), f"{name}: a shared name counted as its own"
+        assert coupling.own.names, f"{name}: a design that changes Lightning's loops has couplings of its own"
+    assert found["batch_processor"].shared == found["prefetcher"].shared  # the same modules, the same change
 
 
 @pytest.fixture
@@ -55,9 +58,26 @@ def outside_module(tmp_path, monkeypatch):
 
 def test_imports_overrides_and_attributes_are_told_apart(outside_module):
     found = coupling_of(outside_module)
-    assert found.imported == ("pytorch_lightning.loops.fit_loop._FitLoop",)
-    assert found.overridden == ("_should_accumulate",)
-    assert found.accessed == ("_logger_connector",)
+    assert found.own.imported == ("pytorch_lightning.loops.fit_loop._FitLoop",)
+    assert found.own.overridden == ("_should_accumulate",)
+    assert found.own.accessed == ("_logger_connector",)
+    assert found.shared.names == ()  # it imports no shared prototypes module
+
+
+def test_each_use_is_found_on_its_line_and_every_import_form_counts():
+    source = textwrap.dedent('''
+        import pytorch_lightning.trainer.connectors._private_module
+        from lightning_fabric.utilities.data import _auto_add_worker_init_fn
+        from pytorch_lightning import Trainer
+
+        def run(trainer):
+            return trainer.fit_loop._data_fetcher
+    ''')
+    assert private_uses_in_source(source) == [
+        Use("imported", "pytorch_lightning.trainer.connectors._private_module", 2),
+        Use("imported", "lightning_fabric.utilities.data._auto_add_worker_init_fn", 3),
+        Use("accessed", "_data_fetcher", 7),
+    ]
 
 
 def test_lightning_private_names_come_from_the_installed_sources():

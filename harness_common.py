@@ -1,0 +1,237 @@
+"""What the conformance suite (``tests/``), the benchmarks (``benchmarks/``) and the RFC renderer (``rfc/``) share.
+
+- **Design selection**: ``select_designs(spec)`` turns an ``--impl`` value into the designs (and variants) a run
+  covers, from the registry, from an installed package's entry point, or from ``package.module:ATTR``.
+- **Provenance**: where a results file comes from (versions, the commit of the measured code, when), written into
+  every results file's ``setup``; ``SETUP_LABELS`` is how the RFC shows it.
+- **The ratio rule**: ``RATIO_TOLERANCE``, how far a measured L/C or M/C may sit from its nominal value before a
+  benchmark point is not judged (the benchmarks judge by it, the RFC flags by it).
+
+Why a top-level module of its own: each of the three imported these from another (the suite its provenance from
+the benchmarks, the benchmarks their selection from the suite), which tied them in a cycle; and ``prototypes`` is
+the designs' package, which a maintainer would lift into Lightning without any of this. It imports only
+``prototypes`` (the registry) and the standard library, never ``tests``, ``benchmarks`` or ``rfc``
+(``tests/test_import_layers.py`` checks that the three import each other in no cycle).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import json
+import operator
+import os
+import platform
+import re
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prototypes.common import Design
+
+REPO_ROOT = Path(__file__).resolve().parent
+ENTRY_POINT_GROUP = "dataloader_iter_designs"
+
+# A benchmark point is judged only when its measured ratio (L/C in S1, M/C in S6) is within this share of the nominal
+# one; otherwise it measured something else.
+RATIO_TOLERANCE = 0.10
+
+
+# ------------------------------------------------------------------------------------------------ design selection
+class SelectionError(Exception):
+    """An ``--impl`` value that names no design, or a design that cannot be loaded; the message names the fix."""
+
+
+def _split_top_level(spec: str) -> list[str]:
+    """Split on commas outside brackets: ``a,b[x=1,y=2]`` -> ``["a", "b[x=1,y=2]"]``."""
+    return [part.strip() for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", spec) if part.strip()]
+
+
+def _parse_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip("'\"")
+
+
+def installed_designs() -> dict[str, importlib.metadata.EntryPoint]:
+    """The designs installed packages declare in the ``dataloader_iter_designs`` entry-point group, by name."""
+    from prototypes import IMPLEMENTATIONS  # Why here: tests replace the registry for a run
+
+    points = {point.name: point for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    clashes = [f"{name} = {points[name].value}" for name in sorted(set(points) & set(IMPLEMENTATIONS))]
+    if clashes:
+        raise SelectionError(
+            f"entry points in group {ENTRY_POINT_GROUP!r} take the names of designs in this repository "
+            f"({'; '.join(clashes)}); rename each entry point and its Design in the package that declares it"
+        )
+    return points
+
+
+def _as_design(source: str, value: object) -> Design:
+    if not isinstance(value, Design):
+        raise SelectionError(
+            f"--impl {source}: {type(value).__name__} is not a prototypes.common.Design; point it at an object "
+            "built with Design(name=..., summary=..., make_trainer=...)"
+        )
+    return value
+
+
+def _design_at(path: str) -> Design:
+    """The design ``package.module:ATTR`` names."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise SelectionError(
+            f"--impl {path}: cannot import {module_name!r} ({error}); install the package that defines it "
+            "or put its directory on PYTHONPATH"
+        ) from None
+    try:
+        value = operator.attrgetter(attribute)(module)
+    except AttributeError:
+        designs = sorted(name for name, value in vars(module).items() if isinstance(value, Design))
+        raise SelectionError(
+            f"--impl {path}: module {module_name!r} has no attribute {attribute!r}; "
+            f"the Designs it defines: {', '.join(designs) or 'none'}"
+        ) from None
+    design = _as_design(path, value)
+    from prototypes import IMPLEMENTATIONS
+
+    if IMPLEMENTATIONS.get(design.name, design) is not design:
+        raise SelectionError(
+            f"--impl {path}: its name {design.name!r} is taken by a design in this repository; "
+            "give the outside design another Design(name=...)"
+        )
+    return design
+
+
+def _installed_design(point: importlib.metadata.EntryPoint) -> Design:
+    where = f"{point.name} (entry point {point.value!r} in group {ENTRY_POINT_GROUP!r})"
+    try:
+        value = point.load()
+    except (ImportError, AttributeError) as error:
+        raise SelectionError(
+            f"--impl {where}: cannot load it ({error}); fix the entry point or reinstall its package"
+        ) from None
+    design = _as_design(where, value)
+    if design.name != point.name:
+        raise SelectionError(
+            f"--impl {where}: the Design is named {design.name!r}; name the entry point after its Design"
+        )
+    return design
+
+
+def _design_named(name: str, installed: dict[str, importlib.metadata.EntryPoint]) -> Design:
+    from prototypes import IMPLEMENTATIONS
+
+    if ":" in name:
+        return _design_at(name)
+    if name in IMPLEMENTATIONS:
+        return IMPLEMENTATIONS[name]
+    if name in installed:
+        return _installed_design(installed[name])
+    raise SelectionError(
+        f"--impl: unknown design {name!r}; valid names: {', '.join(sorted({*IMPLEMENTATIONS, *installed}))}, "
+        "or package.module:ATTR for a design defined elsewhere"
+    )
+
+
+def select_designs(spec: str | None) -> list[Design]:
+    """The designs and variants an ``--impl`` value names, in the order named (every registered design with each of
+    its suite variants when ``spec`` is empty). Raises :class:`SelectionError` naming the fix."""
+    from prototypes import IMPLEMENTATIONS
+
+    installed = installed_designs()  # a clash is an error even when nothing installed is selected
+    if not spec:
+        return [v for d in IMPLEMENTATIONS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
+    selected, by_name = [], {}
+    for part in _split_top_level(spec):
+        match = re.fullmatch(r"([\w.]+(?::[\w.]+)?)(?:\[(.*)\])?", part)
+        design = _design_named(match.group(1) if match else part, installed)
+        if by_name.setdefault(design.name, design) is not design:
+            raise SelectionError(f"--impl: two different designs are named {design.name!r}; rename one")
+        if match and match.group(2) is not None:
+            options = dict(kv.split("=", 1) for kv in match.group(2).split(",") if kv)
+            try:
+                selected.append(design.variant(**{k.strip(): _parse_value(v) for k, v in options.items()}))
+            except TypeError as error:
+                raise SelectionError(f"--impl {part}: {error}") from None
+        else:
+            selected.extend([design, *(design.variant(**o) for o in design.suite_variants)])
+    # Why: "prefetcher,prefetcher[depth=4]" names depth 4 twice (once among the suite's variants); one test per
+    # variant, in the order first named
+    return list({design.id: design for design in selected}.values())
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+RESULT_PATHS = ("rfc/results", "rfc/generated")  # written by measuring runs and the render tool
+
+# The ``setup`` keys a results file may carry, in the order the RFC shows them, with their labels; the RFC hides
+# ``SETUP_HIDDEN`` (or shows them its own way) and shows any other key by its name.
+SETUP_LABELS = [
+    ("machine", "machine"),
+    ("cpu_count", "CPUs"),
+    ("torch_threads", "torch threads"),
+    ("python", "Python"),
+    ("torch", "torch"),
+    ("pytorch_lightning", "pytorch-lightning"),
+    ("torchdata", "torchdata"),
+    ("pytest_benchmark", "pytest-benchmark"),
+]
+SETUP_HIDDEN = {"git_commit", "git_dirty", "generated_at", "machine_kind"}
+
+
+def git(*args: str, cwd: Path = REPO_ROOT) -> str:
+    """``git ARGS`` in ``cwd``: its output, or "unknown" where git or the repository is missing."""
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def code_revision(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """``git_commit`` (HEAD) and ``git_dirty``: whether tracked files outside ``RESULT_PATHS`` differ from it.
+
+    Why those excluded: writing ``rfc/results/`` and re-rendering ``rfc/generated/`` is what a measuring run does,
+    not a change to what was measured.
+    """
+    excluded = [f":(exclude){path}" for path in RESULT_PATHS]
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded, cwd=root)
+    return {"git_commit": git("rev-parse", "HEAD", cwd=root), "git_dirty": changed != ""}
+
+
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown cpu"
+
+
+def provenance() -> dict[str, Any]:
+    """Python and library versions, the code revision and the time: the part of ``setup`` every results file has."""
+    return {
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "pytorch_lightning": version("pytorch-lightning"),
+        "torchdata": version("torchdata"),
+        **code_revision(),
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def conformance_setup() -> dict[str, Any]:
+    """The ``setup`` of a conformance or defect-catalogue results file: the machine, then ``provenance()``."""
+    return dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
