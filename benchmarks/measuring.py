@@ -227,7 +227,8 @@ class Interleaved:
     def ratio(self, name: str, reference: str) -> dict[str, Any]:
         """Time per batch of ``name`` over ``reference``, per round (both ran in it), as median and 95 % interval."""
         return intervals.summary(
-            [t / ref for t, ref in zip(self.measurement(name).per_batch_s, self.measurement(reference).per_batch_s)]
+            [t / ref for t, ref in zip(self.measurement(name).per_batch_s, self.measurement(reference).per_batch_s,
+                                       strict=True)]
         )
 
 
@@ -323,7 +324,7 @@ def overlap(data: Interleaved, name: str, serial: str = SERIAL) -> Overlap:
     """Entry ``name`` against the baselines measured in the same interleaved rounds (``data``)."""
     measurement, t_serial, load, step = (data.measurement(n) for n in (name, serial, LOAD_ONLY, STEP_ONLY))
     raw = data.measurement(STEP_ONLY_RAW).median_ms if STEP_ONLY_RAW in data.kept else None
-    per_round = zip(t_serial.per_batch_s, measurement.per_batch_s, load.per_batch_s, step.per_batch_s)
+    per_round = zip(t_serial.per_batch_s, measurement.per_batch_s, load.per_batch_s, step.per_batch_s, strict=True)
     return Overlap(
         t=measurement.median_ms,
         t_serial=t_serial.median_ms,

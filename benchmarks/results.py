@@ -26,7 +26,8 @@ CPU_SCENARIOS = ("S1", "S2", "S3", "S4", "S6", "S7")  # what `pytest --benchmark
 def setup_info() -> dict[str, Any]:
     """Machine, versions and commit: the ``setup`` block of the results file and every benchmark's extra_info."""
     return {
-        "machine": f"{MACHINE_KIND}: {cpu_model()}, {os.cpu_count()} logical cores, {platform.system()} {platform.machine()}",
+        "machine": f"{MACHINE_KIND}: {cpu_model()}, {os.cpu_count()} logical cores,"
+        f" {platform.system()} {platform.machine()}",
         "machine_kind": MACHINE_KIND,
         "cpu_count": os.cpu_count() or 0,
         "torch_threads": TORCH_THREADS,

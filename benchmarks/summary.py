@@ -63,7 +63,7 @@ def render_summary(document: Mapping[str, Any], path: Path, width: int, complete
                  cells[2].rjust(widths[2]), cells[3].ljust(widths[3])]
         return [(INDENT + GAP.join(texts) + GAP, {}), (cells[4], markup)]
 
-    header = INDENT + GAP.join(h.ljust(w) for h, w in zip(HEADERS, widths))
+    header = INDENT + GAP.join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True))
     lines: list[Line] = [[(header.rstrip(), dict(bold=True))]] if rows else []
     tally: Counter = Counter()
     for name, target in targets.items():

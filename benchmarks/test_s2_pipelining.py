@@ -143,7 +143,7 @@ def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
 
     plain = data.measurement(f"{who}-plain")
     # same batches, same operations: the pipelined step must end with exactly the unpipelined weights
-    for got, want in zip(measurement.probes[-1].final_weights, plain.probes[-1].final_weights):
+    for got, want in zip(measurement.probes[-1].final_weights, plain.probes[-1].final_weights, strict=True):
         assert torch.equal(got, want), f"{who}: pipelined step ended with different weights than the plain one"
     speedup = data.ratio(f"{who}-plain", f"{who}-{mode}")  # per round: both ran in it
     best = plain.min_ms / measurement.min_ms  # fastest rounds: the noise-margin figure the assertion uses
@@ -159,6 +159,7 @@ def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
     bench.store.record("S2", row)
     if bench.measuring:
         assert best >= PROMISED_SPEEDUP, (
-            f"{who}: pipelining the step gave {best:.2f}x in the best rounds ({speedup['value']}x, median of rounds: plain"
+            f"{who}: pipelining the step gave {best:.2f}x in the best rounds ({speedup['value']}x, median of rounds:"
+            f" plain"
             f" {plain.median_ms:.2f} ms, pipelined {measurement.median_ms:.2f} ms per batch), below {PROMISED_SPEEDUP}x"
         )

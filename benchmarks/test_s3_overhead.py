@@ -1,10 +1,11 @@
 """S3 overhead: a tiny model, no loading latency, no step compute; what does each design cost per batch?
 
-Interleaved round by round in one session: a raw PyTorch loop over the same loader and model, stock Lightning's regular
-flavour and its ``dataloader_iter`` flavour (today's), then every design with the plainest ``training_step(self, dataloader_iter)`` and, since every design must run the
-regular flavour as stock Lightning does (C1), with ``training_step(self, batch, batch_idx)`` too; the prefetching
-designs also at depth 0, 1, 2 and 4 (``dataloader_iter`` flavour: the regular flavour does not use the depth).
-Each design's flavour is judged against the same flavour of stock Lightning, per round (``overhead_vs_stock``).
+Interleaved round by round in one session: a raw PyTorch loop over the same loader and model, stock Lightning's
+regular flavour and its ``dataloader_iter`` flavour (today's), then every design with the plainest
+``training_step(self, dataloader_iter)`` and, since every design must run the regular flavour as stock Lightning does
+(C1), with ``training_step(self, batch, batch_idx)`` too; the prefetching designs also at depth 0, 1, 2 and 4
+(``dataloader_iter`` flavour: the regular flavour does not use the depth). Each design's flavour is judged against the
+same flavour of stock Lightning, per round (``overhead_vs_stock``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """S4 jitter and depth: load times drawn per item (exponential, fixed seed, mean C), large batches.
 
-Every design runs at its defaults, and every design that prefetches (``Design.prefetch_depth_option``) also at
-depth 1, 2, 4 and 8; baselines as in S1 (stock regular flavour, load-only, step-only through stock Lightning and
-its raw-loop figure); all interleaved round by round. Per run: efficiency, peak process RSS (psutil, sampled whenever a batch is produced or received) and
-peak batches in flight (produced by the dataset but not yet received by the step), both observed from the
-dataset and step side.
+Every design runs at its defaults, and every design that prefetches (``Design.prefetch_depth_option``) also at depth
+1, 2, 4 and 8; baselines as in S1 (stock regular flavour, load-only, step-only through stock Lightning and its
+raw-loop figure); all interleaved round by round. Per run: efficiency, peak process RSS (psutil, sampled whenever a
+batch is produced or received) and peak batches in flight (produced by the dataset but not yet received by the step),
+both observed from the dataset and step side.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def _once(bench, who: str) -> measuring.Probe:
     n = sizes.s4_batches
     iterations = bench.burner.iterations_for(sizes.s4_c_ms)
     probe = measuring.Probe(track_rss=True)
-    dataset = workloads.TimedDataset(n, workloads.jittered_loads(n, sizes.s4_c_ms, SEED), probe, sizes.s4_rows, FEATURES)
+    loads = workloads.jittered_loads(n, sizes.s4_c_ms, SEED)
+    dataset = workloads.TimedDataset(n, loads, probe, sizes.s4_rows, FEATURES)
     regular = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
     if who == measuring.LOAD_ONLY:
         workloads.run_load_only(probe, workloads.loader(dataset))

@@ -115,7 +115,8 @@ def test_s7_ddp_vote(benchmark, bench, tmp_path: Path) -> None:
     batches = bench.sizes.s3_batches
     timings = measure_votes(rounds, batches, tmp_path)
     assert len(timings["vote_s"]) == rounds
-    measuring.report(benchmark, measuring.Measurement(timings["vote_s"], [measuring.Probe() for _ in timings["vote_s"]]))
+    probes = [measuring.Probe() for _ in timings["vote_s"]]
+    measuring.report(benchmark, measuring.Measurement(timings["vote_s"], probes))
     vote_us = intervals.summary([s * 1e6 for s in timings["vote_s"]], digits=2)
     step_us = timings["step_s"] * 1e6
     row = dict(design="every_rank_has_a_batch", role="design", flavour="regular", world_size=WORLD, backend="gloo",

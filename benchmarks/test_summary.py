@@ -53,7 +53,7 @@ def test_every_judged_result_has_a_row_within_the_width(document, width):
     results = [r for target in document["targets"].values() for r in target["results"]]
     rows = result_rows(lines)
     assert len(rows) == len(results) > 0
-    for row, result in zip(rows, results):
+    for row, result in zip(rows, results, strict=True):
         cells = [c.strip() for c in row if c.strip()]
         assert cells[0] == result["design"]
         assert cells[-1] == summary.verdict(result)

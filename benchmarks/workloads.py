@@ -248,7 +248,7 @@ def quiet() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*")  # torch 2.13 pytree deprecation in Lightning
             yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 

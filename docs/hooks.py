@@ -29,7 +29,8 @@ def registered_modules() -> list[str]:
     """The modules named in ``_DESIGN_MODULES`` of ``prototypes/__init__.py``, in registry order."""
     tree = ast.parse(REGISTRY.read_text(encoding="utf-8"), filename=str(REGISTRY))
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        assigned = [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = node.targets if isinstance(node, ast.Assign) else assigned
         if any(isinstance(t, ast.Name) and t.id == "_DESIGN_MODULES" for t in targets) and node.value is not None:
             return [str(m) for m in ast.literal_eval(node.value)]
     raise RuntimeError(f"{REGISTRY}: no _DESIGN_MODULES tuple found; docs/hooks.py reads the registry from it")

@@ -9,7 +9,8 @@ What it writes:
 * ``rfc/generated/matrix.md``: the conformance matrix (design x clause: passed, or a count linked to the
   reasons), every expected failure grouped by clause and reason, and every unexpected outcome.
 * ``rfc/generated/benchmarks.md``: per machine kind (one ``benchmarks-<kind>.json`` each) the targets and the
-  tables of scenarios S1-S5 (and any other scenario the file holds), the run notes, plus a plot of efficiency against L/C per design
+  tables of scenarios S1-S5 (and any other scenario the file holds), the run notes, plus a plot of efficiency
+  against L/C per design
   (``rfc/generated/efficiency-vs-ratio-<kind>.png``).
 * Blocks inside hand-written pages (any ``*.md`` under ``rfc/`` outside ``generated/`` and ``results/``)::
 

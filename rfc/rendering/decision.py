@@ -27,7 +27,8 @@ def _where(results: list[tuple[str, dict[str, Any]]], outcome: str, metric: str)
     for target, r in results:
         if verdict_of(r) != outcome:
             continue
-        text = f"{target.split('-')[0]} {cell(r.get('point') or '')}: {with_interval(metric, r.get('value'), r.get('interval'))}"
+        figure = with_interval(metric, r.get("value"), r.get("interval"))
+        text = f"{target.split('-')[0]} {cell(r.get('point') or '')}: {figure}"
         if outcome == "not judged" and r.get("reason"):
             text += f" ({cell(r['reason'])})"
         items.append(text)

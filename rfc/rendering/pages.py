@@ -96,7 +96,7 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
     def page(title: str, intro: str, sections: list[tuple[str | None, str]]) -> str:
         text = [f"# {title}", "", GENERATED_NOTE.format(cmd=inputs.command), "", intro.strip(), ""]
         blocks = once_per_page([BLOCKS[name](inputs, out) for _, name in sections])
-        for (heading, name), block in zip(sections, blocks):
+        for (heading, name), block in zip(sections, blocks, strict=True):
             if heading:
                 text += [f"## {heading}", ""]
             text += [_wrap(name, block, inputs.command), ""]

@@ -69,7 +69,9 @@ def _efficiency_points(data: dict[str, Any]) -> dict[str, Any]:
 
 def _hook_work_points(data: dict[str, Any]) -> dict[str, Any]:
     rows = data["scenarios"].get("S6") or []
-    ratio = lambda r: float(r["M_over_C_measured"]) if is_number(r.get("M_over_C_measured")) else None
+    def ratio(r: dict) -> float | None:
+        return float(r["M_over_C_measured"]) if is_number(r.get("M_over_C_measured")) else None
+
     series = _series(rows, ratio, "efficiency")
     return {"scenario": "S6", "series": series, "target": _target(data, "S6")} if series else {}
 
@@ -172,7 +174,7 @@ def draw_memory(data: dict[str, Any], points: dict[str, Any], fig: Any) -> None:
         flight.plot(depths, [p[2] for p in pts], marker="o", label=design)
     every = sorted({p[0] for pts in points["series"].values() for p in pts})
     flight.plot(every, [d + 1 for d in every], color="tab:red", linestyle="-.", linewidth=1, label="limit: depth + 1")
-    for (name, value), style in zip(points["baselines"].items(), (":", "--", "-.", (0, (1, 4)))):
+    for (name, value), style in zip(points["baselines"].items(), (":", "--", "-.", (0, (1, 4))), strict=False):
         rss.axhline(value, linestyle=style, linewidth=1, color="0.4", label=name)
     for ax, ylabel in ((rss, "peak RSS above the epoch start (MB)"), (flight, "peak batches in flight")):
         ax.set_xscale("log", base=2)

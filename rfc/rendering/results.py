@@ -1,6 +1,7 @@
 """The results a render reads, loaded and checked once: after ``load_inputs`` every block may rely on the shapes below.
 
-* ``conformance.json``: ``{"schema": 1, "setup": {...}, "results": [{"design", "test_id", ...}], "clauses"?, "designs"?}``
+* ``conformance.json``:
+  ``{"schema": 1, "setup": {...}, "results": [{"design", "test_id", ...}], "clauses"?, "designs"?}``
 * ``benchmarks-<kind>.json``: ``{"schema": 1, "setup"?: {...}, "scenarios": {name: [row, ...]}, "targets"?, "notes"?}``
 """
 
