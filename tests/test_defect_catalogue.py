@@ -72,11 +72,13 @@ class _Records:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call":
-            self.records += [dict(value, caught=report.passed) for key, value in report.user_properties if key == "defect"]
+            self.records += [
+                dict(value, caught=report.passed) for key, value in report.user_properties if key == "defect"
+            ]
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.test_defect_catalogue PATH [pytest args]``: run the catalogue and write its outcomes to PATH."""
+    """``python -m tests.test_defect_catalogue PATH [pytest args]``: run the catalogue, write its outcomes to PATH."""
     if not argv or argv[0].startswith("-"):
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2

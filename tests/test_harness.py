@@ -14,12 +14,12 @@ import re
 import signal
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+import tomllib
 
 import harness_common
 import prototypes
@@ -160,8 +160,10 @@ def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expec
 @pytest.mark.parametrize(
     "text, error",
     [
-        ("reason: nothing under it\n\nreason: another\n    test_c02_items.py::test_x\n", "*:1: reason 'nothing under it' covers no test id*"),
-        ("reason: twice\n    test_c02_items.py::test_x\n    test_c02_items.py::test_x\n", "*:3: *already listed on line 2*"),
+        ("reason: nothing under it\n\nreason: another\n    test_c02_items.py::test_x\n",
+         "*:1: reason 'nothing under it' covers no test id*"),
+        ("reason: twice\n    test_c02_items.py::test_x\n    test_c02_items.py::test_x\n",
+         "*:3: *already listed on line 2*"),
         ("reason:\n    test_c02_items.py::test_x\n", "*:1: empty reason*"),
     ],
     ids=["reason-without-ids", "id-listed-twice", "empty-reason"],

@@ -48,7 +48,7 @@ def import_cycles(edges: dict[tuple[str, str], list[str]]) -> list[str]:
         for following in sorted(graph[path[-1]]):
             if following == path[0] and frozenset(path) not in seen:
                 seen.add(frozenset(path))
-                steps = list(zip(path, path[1:] + [path[0]]))
+                steps = list(zip(path, path[1:] + [path[0]], strict=True))
                 found.append(" -> ".join([*path, path[0]]) + ": " + "; ".join(
                     f"{a} -> {b} at {', '.join(edges[(a, b)])}" for a, b in steps))
             elif following not in path:

@@ -204,7 +204,7 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
     matrix = (rfc / "generated" / "matrix.md").read_text()
     assert matrix != before_matrix
     failed = '**[!1](matrix.md#failures-beta "1 of {} failed, errored or passed unexpectedly")**'
-    assert f"| `beta[depth=0]` | ✓ | ✓ | ✓ | ✓ 6 |" in matrix
+    assert "| `beta[depth=0]` | ✓ | ✓ | ✓ | ✓ 6 |" in matrix
     assert f"| `beta[depth=2]` | ✓ | ✓ | {failed.format(2)} | {failed.format(6)} of 6 |" in matrix
     assert "### `beta`: 1 {#failures-beta}" in matrix
     assert "- **C3** `test_c3.py::test_1` (in `beta[depth=2]`): failed" in matrix
@@ -247,7 +247,8 @@ def test_missing_results_render_a_note_instead_of_crashing(rfc):
     result = run(rfc)
     assert result.returncode == 0, result.stderr
     matrix = (rfc / "generated" / "matrix.md").read_text()
-    assert "No conformance results yet:** run `pytest tests/conformance --results rfc/results/conformance.json`" in matrix
+    command = "`pytest tests/conformance --results rfc/results/conformance.json`"
+    assert f"No conformance results yet:** run {command}" in matrix
     bench = (rfc / "generated" / "benchmarks.md").read_text()
     assert "No benchmark results yet:** run `" in bench
     assert "No conformance results yet" in (rfc / "page.md").read_text()
@@ -368,7 +369,8 @@ def test_the_thread_decision_is_read_off_the_verdicts(rfc):
         bench["targets"] = {name: {"metric": "vs_best_alternative", "compare": "<=", "threshold": 1.0, "results": [
             dict(design="beta", point=point, value=sum(intervals[v]) / 2, interval=intervals[v], verdict=v,
                  met=v == "met")
-            for point, v in zip(("L=C", "L=2C"), verdicts)]} for name in ("S1-alternatives", "S6-alternatives")}
+            for point, v in zip(("L=C", "L=2C"), verdicts, strict=True)]}
+            for name in ("S1-alternatives", "S6-alternatives")}
         write_results(rfc, conformance(), bench)
         assert run(rfc).returncode == 0
         return (rfc / "decision.md").read_text()
