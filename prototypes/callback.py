@@ -74,6 +74,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from prototypes.common import (
     DATALOADER_ITER,
     STOP_ITERATION_WITH_BATCHES_LEFT,
+    ITERATOR_USED_AFTER_ITS_STEP,
     Design,
     NoProgressGuard,
     StepIterator,
@@ -217,6 +218,8 @@ class BatchFeed:
 
 class FeedStepIterator(StepIterator):
     """What one step call receives as ``dataloader_iter``: the feed's batches; closed when that call returns."""
+
+    closed_message = ITERATOR_USED_AFTER_ITS_STEP  # closed when its call returns: stricter than the contract
 
     def __init__(self, feed: BatchFeed, hook_name: str) -> None:
         super().__init__(hook_name)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher
 
-from prototypes.common import StepIterator
+from prototypes.common import ITERATOR_USED_AFTER_ITS_STEP, StepIterator
 
 Item = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx), as Lightning's combined loader yields it
 
@@ -81,6 +81,8 @@ class LookAhead:
 class LookAheadStepIterator(StepIterator):
     """A step call's ``dataloader_iter`` over the look-ahead: the batches of ``dataloader_idx`` as ``hand_out`` passes
     them on (the loop counts them there)."""
+
+    closed_message = ITERATOR_USED_AFTER_ITS_STEP  # closed when its call returns: stricter than the contract
 
     def __init__(
         self, batches: LookAhead, hand_out: Callable[[Item], Item], dataloader_idx: int = 0, step: str = "training_step"

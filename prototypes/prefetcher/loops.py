@@ -105,7 +105,7 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             elif outputs.get("loss") is not None:
                 self.window_loss = outputs["loss"]
         finally:
-            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+            fetcher.end_step_call()
         if self.window_loss is not None and fetcher.done:
             # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs; only
             # now is it known that this call took the last batch. The closure returns the loss already computed:
@@ -155,7 +155,7 @@ class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
             fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
             return {}
         finally:
-            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+            fetcher.end_step_call()
 
 
 class _PrefetchingEpochLoop(BatchCountingEpochLoop):
@@ -385,7 +385,7 @@ def _step_call(
         fetcher.step_stopped()
         output = None
     finally:
-        fetcher.close_step()
+        fetcher.end_step_call()
     loop._on_step_returned(output, dataloader_iter.dataloader_idx, fetcher.step_batch_indices, fetcher.cut_short)
     return output
 

@@ -254,7 +254,7 @@ def _run_catching_exception_only(self: Any) -> None:
 
 
 def _stop_forgetting_the_thread(self: Any) -> None:
-    self.close_step()
+    self._close_iterator()
     self.prefetcher = None  # dropped, not shut down: its thread keeps running
     self._head = None
 
@@ -354,7 +354,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C02 + "test_batch_idx_restarts_from_zero_each_epoch",), SIZED),
     # C3 Exactly once, in order
     Defect("read_ahead_batch_dropped", "C3", "prefetcher", "drops the read-ahead batch whenever a step call closes",
-           (_Fetcher, "close_step"), _after(lambda self, _, *args: setattr(self, "_head", None)),
+           (_Fetcher, "end_step_call"), _after(lambda self, _, *args: setattr(self, "_head", None)),
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
