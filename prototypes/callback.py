@@ -73,8 +73,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from prototypes.common import (
     DATALOADER_ITER,
-    STOP_ITERATION_WITH_BATCHES_LEFT,
     ITERATOR_USED_AFTER_ITS_STEP,
+    STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
     NoProgressGuard,
     StepIterator,

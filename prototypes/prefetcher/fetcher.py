@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -91,6 +92,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         # Why a lock: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the iterator
         # while the loop's thread peeks for the end of data between calls; both move the head
         self._lock = threading.RLock()
+        # the evaluation loops' drain calls at the end of a dataloader (C17); None in training, which drains in its loop
+        self.drain_dataloader: Callable[[int], None] | None = None
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._voted_before_call: int | None = None  # the step call the ranks last agreed to start
@@ -138,8 +141,18 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return self
 
     def __next__(self) -> _StepIterator:
-        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first."""
+        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first. At the
+        end of an evaluation dataloader, first the loop's drain calls (``drain_dataloader``)."""
         head = self._peek_on_every_rank()
+        ended = self._step_iterator
+        if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
+            ended = None
+        if ended is not None and self.drain_dataloader is not None and not self.cut_short:
+            # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
+            # the calls, after any earlier check; this is the last point before the loop moves on
+            self.drain_dataloader(ended.dataloader_idx)
+            self._close_iterator()  # the loop over that dataloader ended (C14 a)
+            head = self._peek_on_every_rank()
         if head is None:
             raise StopIteration
         if self.step_calls:
