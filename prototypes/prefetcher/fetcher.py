@@ -184,7 +184,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
         """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks
         may vote on the end here (only the loop's thread asks with it)."""
-        with self._lock:
+        with self._lock:  # Why: ``_peek`` may take from the queue
             head = self._peek_on_every_rank() if vote else (None if self._ended_on_every_rank else self._peek())
         return head is None or head.dataloader_idx != dataloader_idx
 
@@ -236,17 +236,18 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         vote it does not join would block the ranks that pull. Loaders that give every rank the same number of
         batches need no vote.
         """
-        if self._ended_on_every_rank:
+        with self._lock:
+            if self._ended_on_every_rank:
+                return None
+            head = self._peek()
+            inside_a_call = self._call_open
+            if not self._ranks_vote or inside_a_call or self._voted_before_call == self.step_calls:
+                return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
+            self._voted_before_call = self.step_calls
+            if every_rank_has_a_batch(self.trainer, head is not None):
+                return head
+            self._head, self._exhausted, self._ended_on_every_rank = None, True, True
             return None
-        head = self._peek()
-        inside_a_call = self._call_open
-        if not self._ranks_vote or inside_a_call or self._voted_before_call == self.step_calls:
-            return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
-        self._voted_before_call = self.step_calls
-        if every_rank_has_a_batch(self.trainer, head is not None):
-            return head
-        self._head, self._exhausted, self._ended_on_every_rank = None, True, True
-        return None
 
     def _peek(self) -> _Produced | None:
         if self._head is None and not self._exhausted:
