@@ -98,12 +98,16 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
 
 
 @pytest.mark.parametrize("kind,workers", LOADERS)
-def test_eval_pipeline_evaluates_every_batch_once_per_validation_run(design, plain_loop_runs, kind, workers):
+def test_eval_pipeline_evaluates_every_batch_once_per_validation_run(design, plain_loop_runs, record_property, kind,
+                                                                     workers):
     module = TorchRecModule("TrainPipelineSparseDist", eval_pipeline=True)
     trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS})
     trainer.fit(module, make_loader(kind, num_workers=workers), make_loader(kind, num_workers=workers))
     sequence = loader_ids(make_loader(kind, workers))
     _, _, reference = plain_loop_runs("TrainPipelineSparseDist", kind, workers, module.initial, evaluate=True)
+    # the RFC's real-pipelines table: batches evaluated per validation run, whatever the outcome
+    record_property("batches_evaluated_per_run", [len(run) for run in module.validated])
+    record_property("plain_loop_batches_per_run", [len(run) for run in reference])
     assert [[ids for ids, _ in run] for run in reference] == [sequence] * EPOCHS, (
         "the plain loop itself does not evaluate every batch once"
     )
