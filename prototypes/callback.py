@@ -73,6 +73,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 
 from prototypes.common import (
     DATALOADER_ITER,
+    ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     Design,
     NoProgressGuard,
@@ -216,6 +217,8 @@ class BatchFeed:
 
 class FeedStepIterator(StepIterator):
     """What one step call receives as ``dataloader_iter``: the feed's batches; closed when that call returns."""
+
+    closed_message = ITERATOR_USED_AFTER_ITS_STEP  # closed when its call returns: stricter than the contract
 
     def __init__(self, feed: BatchFeed, hook_name: str) -> None:
         super().__init__(hook_name)

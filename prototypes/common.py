@@ -187,6 +187,12 @@ class NoProgressGuard:
 
 
 # The misuse messages of clause C14, shared by every design so that one wording names each fix.
+ITERATOR_USED_AFTER_ITS_LOOP = (
+    "dataloader_iter was used after the loop over its dataloader ended (the epoch, the evaluation run or fit"
+    " returned): a batch taken now would belong to no step call. Pull batches only while the loop runs, from the step"
+    " or from a thread the step started (stop it when the loop ends: in TorchRec, `pipeline.reset()` at the next"
+    " epoch's start), and take the new dataloader_iter the next step call receives."
+)
 ITERATOR_USED_AFTER_ITS_STEP = (
     "dataloader_iter was used after the {step} that received it returned. Each step call gets its own iterator:"
     " call next(dataloader_iter) only inside the step that received it (the loop counts, transfers and checkpoints"
@@ -253,12 +259,18 @@ StepItem = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx): what ``ne
 
 # [RFC 2] the iterator a step call receives
 class StepIterator(Iterator):
-    """What ``*_step(self, dataloader_iter)`` receives: valid for one step call only (clause C14 a).
+    """What ``*_step(self, dataloader_iter)`` receives (clause C14 a).
 
-    A design's subclass hands out the next ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when
-    none remains) and says in ``_has_next`` whether one remains. ``done`` is exact (C5). Once the loop closes the
-    iterator, ``next()`` raises an error naming the fix: a batch taken then would belong to no step call.
+    The contract: one object for every step call over one dataloader (in training: the epoch), as stock Lightning
+    hands out, valid until the loop over that dataloader ends; a ``next()`` between step calls (a pipeline's own
+    loading thread) hands out the next batch, counted toward the next call. A design's subclass hands out the next
+    ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when none remains) and says in ``_has_next``
+    whether one remains. ``done`` is exact (C5). Once the loop closes the iterator, ``next()`` raises an error naming
+    the fix (``closed_message``): a batch taken then would belong to no step call. A design that hands each call a new
+    iterator and closes it when the call returns sets ``ITERATOR_USED_AFTER_ITS_STEP``, stricter than the contract.
     """
+
+    closed_message = ITERATOR_USED_AFTER_ITS_LOOP
 
     def __init__(self, step: str) -> None:
         self._step = step
@@ -272,14 +284,14 @@ class StepIterator(Iterator):
 
     def __next__(self) -> StepItem:
         if self._closed:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+            raise RuntimeError(self.closed_message.format(step=self._step))
         return self._take()
 
     @property
     def done(self) -> bool:
         """True once the last batch of this dataloader (in training: of the epoch) has been handed out."""
         if self._closed:
-            raise RuntimeError(ITERATOR_USED_AFTER_ITS_STEP.format(step=self._step))
+            raise RuntimeError(self.closed_message.format(step=self._step))
         return not self._has_next()
 
     def close(self) -> None:

@@ -213,6 +213,31 @@ def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = 
     raise AssertionError("unreachable")
 
 
+# [RFC 3]
+def evaluation_drain_call(loop: Any, dataloader_idx: int, run_call: Callable[[], tuple[bool, Any]]) -> bool:
+    """One drain call of a validation or test step (C17 for evaluation) over ``dataloader_idx``, whose batches are
+    all handed out; ``run_call()`` runs the step with that dataloader's exhausted iterator and returns whether a
+    StopIteration ended it and what it returned. Returns whether the call ended the draining, as ``drain`` wants.
+
+    As in training: no batch hooks and no batch counted (the call has no batch of its own). What it logs goes into
+    the run's epoch aggregates, with Lightning's batch size of a call without a batch (1) unless the step passes one;
+    a call that returned an output is a step of the loop, so its step-level values reach the loggers at a logging
+    step of its own. Its output, like any evaluation step's, goes nowhere else (no ``on_*_batch_end`` receives it).
+    The draining ends at a call that raises StopIteration or returns None (no work): a pipelining step that holds
+    batches returns each one's output.
+    """
+    trainer = loop.trainer
+    connector = trainer._logger_connector
+    connector.on_batch_start(None, dataloader_idx if loop._is_sequential and loop.num_dataloaders > 1 else None)
+    stopped, output = run_call()
+    connector.on_batch_end()
+    did_work = not stopped and output is not None
+    if did_work and not trainer.sanity_checking:
+        connector.update_eval_step_metrics(loop._seen_batches_per_dataloader[dataloader_idx])
+        loop._seen_batches_per_dataloader[dataloader_idx] += 1
+    return not did_work
+
+
 # ----------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
 def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], list[dict] | None]:
     """A function returning the loaders' state at the moment it is called, or None when no loader can be resumed

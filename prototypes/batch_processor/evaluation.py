@@ -24,7 +24,12 @@ from prototypes.common import (
     takes_dataloader_iter,
     transfer_batch,
 )
-from prototypes.lightning_changes import PredictionWriterSeesStepCalls, StockProfilerActions
+from prototypes.lightning_changes import (
+    PredictionWriterSeesStepCalls,
+    StockProfilerActions,
+    drain,
+    evaluation_drain_call,
+)
 
 
 # [RFC 7]
@@ -90,8 +95,13 @@ class _EvaluationStepsPullBatches:
             for _ in handed_out:
                 progress.increment_completed()
             self._on_step_end(output, dataloader_idx, cut_short)
+            if not cut_short and batches.exhausted_for(dataloader_idx):
+                self._drain_dataloader(step, batches, dataloader_idx)
             no_progress.step_returned(len(handed_out))
             self.on_iteration_done()
+
+    def _drain_dataloader(self, step: str, batches: LookAhead, dataloader_idx: int) -> None:
+        """The drain calls after the call that took a dataloader's last batch (C17 for evaluation); none here."""
 
     def _on_dataloader_change(self) -> None:
         pass
@@ -116,6 +126,18 @@ class IteratorEvaluationLoop(StockProfilerActions, _EvaluationStepsPullBatches, 
             return super().run()
         refuse_mixed_step_signature(step, name)
         return self._run_pulling(name)
+
+    def _drain_dataloader(self, step: str, batches: LookAhead, dataloader_idx: int) -> None:
+        def run_call() -> tuple[bool, Any]:
+            dataloader_iter = LookAheadStepIterator(batches, lambda item: item, dataloader_idx, step)  # exhausted
+            try:
+                return False, call._call_strategy_hook(self.trainer, step, dataloader_iter)
+            except StopIteration:
+                return True, None
+            finally:
+                dataloader_iter.close()
+
+        drain(self.trainer, partial(evaluation_drain_call, self, dataloader_idx, run_call), step)
 
     @_no_grad_context
     def _run_pulling(self, step: str) -> list:

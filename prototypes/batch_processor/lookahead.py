@@ -7,7 +7,7 @@ from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher
 
-from prototypes.common import StepItem, StepIterator
+from prototypes.common import ITERATOR_USED_AFTER_ITS_STEP, StepItem, StepIterator
 
 
 class LookAhead:
@@ -79,6 +79,8 @@ class LookAhead:
 class LookAheadStepIterator(StepIterator):
     """A step call's ``dataloader_iter`` over the look-ahead: the batches of ``dataloader_idx`` as ``hand_out`` passes
     them on (the loop counts them there)."""
+
+    closed_message = ITERATOR_USED_AFTER_ITS_STEP  # closed when its call returns: stricter than the contract
 
     def __init__(
         self,

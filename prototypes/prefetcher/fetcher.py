@@ -5,6 +5,8 @@ to one step call at a time, counting what the step consumed."""
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -45,7 +47,8 @@ class _LoaderExhausted(StopIteration):
 
 
 class _StepIterator(StepIterator):
-    """The ``dataloader_iter`` handed to one step call: the batches of one dataloader, consumed from the fetcher."""
+    """The ``dataloader_iter`` handed to every step call over one dataloader (in training: of the epoch): its batches,
+    consumed from the fetcher. Closed when the loop over that dataloader ends."""
 
     def __init__(self, fetcher: _PrefetchingIterFetcher, dataloader_idx: int) -> None:
         super().__init__(fetcher.hook_name)
@@ -56,7 +59,7 @@ class _StepIterator(StepIterator):
         return self._fetcher.consume(self.dataloader_idx)
 
     def _has_next(self) -> bool:
-        return not self._fetcher.done_for(self.dataloader_idx)
+        return not self._fetcher.done_for(self.dataloader_idx, vote=False)
 
 
 class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
@@ -84,6 +87,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.no_progress = NoProgressGuard(self.hook_name)
         self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
         self.step_batch_indices: list[int] = []  # and their batch_idx: a prediction writer's indices come from them
+        self._call_open = False  # a step call is running; a batch taken between calls counts toward the next call
+        self._taken_between_calls: list[tuple[Any, int]] = []  # (batch, batch_idx) a pipeline's thread took meanwhile
+        # Why a lock: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the iterator
+        # while the loop's thread peeks for the end of data between calls; both move the head
+        self._lock = threading.RLock()
+        # the evaluation loops' drain calls at the end of a dataloader (C17); None in training, which drains in its loop
+        self.drain_dataloader: Callable[[int], None] | None = None
         self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._voted_before_call: int | None = None  # the step call the ranks last agreed to start
@@ -131,8 +141,18 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return self
 
     def __next__(self) -> _StepIterator:
-        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first."""
+        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first. At the
+        end of an evaluation dataloader, first the loop's drain calls (``drain_dataloader``)."""
         head = self._peek_on_every_rank()
+        ended = self._step_iterator
+        if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
+            ended = None
+        if ended is not None and self.drain_dataloader is not None and not self.cut_short:
+            # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
+            # the calls, after any earlier check; this is the last point before the loop moves on
+            self.drain_dataloader(ended.dataloader_idx)
+            self._close_iterator()  # the loop over that dataloader ended (C14 a)
+            head = self._peek_on_every_rank()
         if head is None:
             raise StopIteration
         if self.step_calls:
@@ -141,33 +161,51 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return self.start_step_call()
 
     def start_step_call(self) -> _StepIterator:
-        """A new step call's iterator; called directly for a drain call, which finds no batch left."""
-        self.close_step()
-        self.step_calls += 1
-        self.consumed_in_step = 0
-        self.cut_short = False
-        self.step_batches, self.step_batch_indices = [], []
-        self._step_iterator = _StepIterator(self, self._dataloader_idx)
-        return self._step_iterator
+        """The iterator for a new step call: the one of the current dataloader, made when the loop reaches it (C14 a);
+        called directly for a drain call, which finds no batch left."""
+        with self._lock:
+            iterator = self._step_iterator
+            if iterator is None or iterator.dataloader_idx != self._dataloader_idx:
+                self._close_iterator()  # the loop over the previous dataloader ended
+                iterator = self._step_iterator = _StepIterator(self, self._dataloader_idx)
+            self.step_calls += 1
+            self.cut_short = False
+            self.step_batches = [batch for batch, _ in self._taken_between_calls]
+            self.step_batch_indices = [batch_idx for _, batch_idx in self._taken_between_calls]
+            self.consumed_in_step = len(self._taken_between_calls)
+            self._taken_between_calls = []
+            self._call_open = True
+        return iterator
 
-    def done_for(self, dataloader_idx: int) -> bool:
-        """No batch of ``dataloader_idx`` is left: a step call's iterator never spans two dataloaders (C15)."""
-        head = self._peek_on_every_rank()
+    def end_step_call(self) -> None:
+        """The step call returned; its iterator stays valid until the loop over its dataloader ends."""
+        self._call_open = False
+
+    def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
+        """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks
+        may vote on the end here (only the loop's thread asks with it)."""
+        with self._lock:  # Why: ``_peek`` may take from the queue
+            head = self._peek_on_every_rank() if vote else (None if self._ended_on_every_rank else self._peek())
         return head is None or head.dataloader_idx != dataloader_idx
 
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
-        """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records."""
-        if self.done_for(dataloader_idx):
-            raise StopIteration
-        head, self._head = self._head, None
-        self.prefetcher.release()
-        self.fetched += 1
-        self.consumed_in_step += 1
-        self.loader_states = head.loader_states
-        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
-        self.step_batches.append(head.batch)
-        self.step_batch_indices.append(head.batch_idx)
-        self.progress.count_consumed()
+        """Hand the next batch to the step: counted, its loader state becomes the one a checkpoint records. Between
+        step calls (a pipeline's thread pulling ahead) it counts toward the next call."""
+        with self._lock:
+            if self.done_for(dataloader_idx, vote=False):
+                raise StopIteration
+            head, self._head = self._head, None
+            self.prefetcher.release()
+            self.fetched += 1
+            self.loader_states = head.loader_states
+            if self._call_open:
+                self.consumed_in_step += 1
+                self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
+                self.step_batches.append(head.batch)
+                self.step_batch_indices.append(head.batch_idx)
+            else:
+                self._taken_between_calls.append((head.batch, head.batch_idx))
+            self.progress.count_consumed()
         return head.batch, head.batch_idx, head.dataloader_idx
 
     def step_stopped(self) -> None:
@@ -176,7 +214,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=self.hook_name)) from None
         self.cut_short = True
 
-    def close_step(self) -> None:
+    def _close_iterator(self) -> None:
         if self._step_iterator is not None:
             self._step_iterator.close()
             self._step_iterator = None
@@ -199,17 +237,18 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         vote it does not join would block the ranks that pull. Loaders that give every rank the same number of
         batches need no vote.
         """
-        if self._ended_on_every_rank:
+        with self._lock:
+            if self._ended_on_every_rank:
+                return None
+            head = self._peek()
+            inside_a_call = self._call_open
+            if not self._ranks_vote or inside_a_call or self._voted_before_call == self.step_calls:
+                return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
+            self._voted_before_call = self.step_calls
+            if every_rank_has_a_batch(self.trainer, head is not None):
+                return head
+            self._head, self._exhausted, self._ended_on_every_rank = None, True, True
             return None
-        head = self._peek()
-        inside_a_call = self._step_iterator is not None
-        if not self._ranks_vote or inside_a_call or self._voted_before_call == self.step_calls:
-            return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
-        self._voted_before_call = self.step_calls
-        if every_rank_has_a_batch(self.trainer, head is not None):
-            return head
-        self._head, self._exhausted, self._ended_on_every_rank = None, True, True
-        return None
 
     def _peek(self) -> _Produced | None:
         if self._head is None and not self._exhausted:
@@ -290,8 +329,10 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
 
     def stop(self) -> None:
-        """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped."""
-        self.close_step()
+        """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped. The loop over
+        the data ended: the step's iterator hands out nothing more (C14 a)."""
+        self._close_iterator()
+        self._call_open, self._taken_between_calls = False, []
         if self.prefetcher is not None:
             self.prefetcher.shutdown()
             self.prefetcher = None

@@ -19,6 +19,7 @@ from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimizatio
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress, _Progress
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
+from pytorch_lightning.trainer import call
 
 from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
 from prototypes.lightning_changes import (
@@ -27,6 +28,8 @@ from prototypes.lightning_changes import (
     ManualOptimizationSeesStopIteration,
     PredictionWriterSeesStepCalls,
     StockProfilerActions,
+    drain,
+    evaluation_drain_call,
     supply_log_batch_size,
 )
 from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
@@ -107,7 +110,7 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
             elif outputs.get("loss") is not None:
                 self.window_loss = outputs["loss"]
         finally:
-            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+            fetcher.end_step_call()
         if self.window_loss is not None and fetcher.done:
             # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs; only
             # now is it known that this call took the last batch. The closure returns the loss already computed:
@@ -157,7 +160,7 @@ class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
             fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
             return {}
         finally:
-            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+            fetcher.end_step_call()
 
 
 class _PrefetchingEpochLoop(BatchCountingEpochLoop):
@@ -312,6 +315,7 @@ class _InstallsPrefetchingFetcher:
     trainer: pl.Trainer
     options: _Options
     step_name: str
+    _drain_dataloader: Callable[[int], None] | None = None  # the drain calls at a dataloader's end, where drained
 
     @property
     def counted_progress(self) -> _CountsConsumed:
@@ -333,6 +337,7 @@ class _InstallsPrefetchingFetcher:
             started, fetcher = fetcher, _PrefetchingIterFetcher(self)
             if started.iterator is not None:
                 fetcher.adopt(started)
+            fetcher.drain_dataloader = self._drain_dataloader
         self.__dict__["_data_fetcher"] = fetcher
         if fetcher is not None:
             self.counted_progress.counts_consumed = isinstance(fetcher, _PrefetchingIterFetcher)
@@ -389,7 +394,7 @@ def _step_call(
         fetcher.step_stopped()
         output = None
     finally:
-        fetcher.close_step()
+        fetcher.end_step_call()
     loop._on_step_returned(output, dataloader_iter.dataloader_idx, fetcher.step_batch_indices, fetcher.cut_short)
     return output
 
@@ -398,6 +403,17 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
     @property
     def step_name(self) -> str:
         return "test_step" if self.trainer.testing else "validation_step"
+
+    def _drain_dataloader(self, dataloader_idx: int) -> None:
+        """The drain calls at the end of a dataloader's batches (C17 for evaluation), before the loop moves on."""
+        fetcher = self._data_fetcher
+
+        def run_call() -> tuple[bool, Any]:
+            # through the strategy, whose step ``run`` shadows with ``_step_call``: the call ends as any call does
+            output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_step_call())
+            return fetcher.cut_short, output
+
+        drain(self.trainer, functools.partial(evaluation_drain_call, self, dataloader_idx, run_call), self.step_name)
 
 
 class _PrefetchingPredictionLoop(

@@ -9,20 +9,32 @@ from rendering.conformance import conformance_parts
 from rendering.markdown import code, no_results, table
 from rendering.results import CONFORMANCE_COMMAND, OUTCOME_KIND, PASS, Inputs
 
-REAL_PIPELINES_TEST = "test_c19_real_pipelines.py::test_train_pipeline_trains_every_batch_once_per_epoch"
+# test -> (the pipeline it runs, None where the test's first parameter names it; its measured counts' keys)
+REAL_PIPELINE_TESTS = {
+    "test_c19_real_pipelines.py::test_train_pipeline_trains_every_batch_once_per_epoch":
+        (None, "batches_trained_per_epoch", "plain_loop_batches_per_epoch"),
+    "test_c19_real_pipelines.py::test_eval_pipeline_evaluates_every_batch_once_per_validation_run":
+        ("EvalPipelineSparseDist", "batches_evaluated_per_run", "plain_loop_batches_per_run"),
+}
 
 
 def _measured_runs(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, tuple[list[int], list[int], bool]]]:
-    """``{(pipeline, loader): {variant: (trained per epoch, the plain loop's per epoch, passed)}}``."""
+    """``{(pipeline, loader): {variant: (counted per epoch or run, the plain loop's, passed)}}``."""
     runs: dict[tuple[str, str], dict[str, tuple[list[int], list[int], bool]]] = {}
     for r in data["results"]:
         test_id, measured = r["test_id"], r.get("measured") or {}
-        if not test_id.startswith(REAL_PIPELINES_TEST + "[") or "batches_trained_per_epoch" not in measured:
+        test, _, parameters = test_id.partition("[")
+        if test not in REAL_PIPELINE_TESTS:
             continue
-        pipeline, loader = test_id[len(REAL_PIPELINES_TEST) + 1 : -1].split("-", 1)
+        pipeline, counted, plain_loop = REAL_PIPELINE_TESTS[test]
+        if counted not in measured:
+            continue
+        if pipeline is None:
+            pipeline, parameters = parameters.split("-", 1)
+        loader = parameters.rstrip("]")
         passed = OUTCOME_KIND.get(r.get("outcome", "")) == PASS
         runs.setdefault((pipeline, loader), {})[r.get("variant") or r["design"]] = (
-            measured["batches_trained_per_epoch"], measured["plain_loop_batches_per_epoch"], passed
+            measured[counted], measured[plain_loop], passed
         )
     return runs
 
@@ -57,6 +69,7 @@ def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
         "Batches trained in each epoch by TorchRec's train pipelines, run unmodified under each design (the user code "
         "of C17's migration note); ✓: every epoch trained every batch once, in order, to the weights of the same "
         "pipeline driven by a plain loop; ✗: the batches the plain loop trains per epoch follow *of*. `w0`, `w2`: "
-        "DataLoader workers."
+        "DataLoader workers. `EvalPipelineSparseDist` runs in `validation_step`: its counts are the batches evaluated in "
+        "each validation run."
     )
     return legend + "\n\n" + table(["Pipeline", "Loader", *(code(label) for label, _ in columns)], rows)

@@ -254,7 +254,7 @@ def _run_catching_exception_only(self: Any) -> None:
 
 
 def _stop_forgetting_the_thread(self: Any) -> None:
-    self.close_step()
+    self._close_iterator()
     self.prefetcher = None  # dropped, not shut down: its thread keeps running
     self._head = None
 
@@ -354,7 +354,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C02 + "test_batch_idx_restarts_from_zero_each_epoch",), SIZED),
     # C3 Exactly once, in order
     Defect("read_ahead_batch_dropped", "C3", "prefetcher", "drops the read-ahead batch whenever a step call closes",
-           (_Fetcher, "close_step"), _after(lambda self, _, *args: setattr(self, "_head", None)),
+           (_Fetcher, "end_step_call"), _after(lambda self, _, *args: setattr(self, "_head", None)),
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
@@ -474,9 +474,14 @@ CATALOGUE: tuple[Defect, ...] = (
            (_Fetcher, "stop"), _instead(_stop_forgetting_the_thread),
            (C13 + "test_early_stop_leaves_nothing_running_and_loses_no_batch",), "w0 and max_steps"),
     # C14 Misuse
-    Defect("iterator_stays_open", "C14", "prefetcher", "keeps a step's `dataloader_iter` usable after the step",
+    Defect("iterator_stays_open", "C14", "prefetcher",
+           "keeps an epoch's `dataloader_iter` usable after the epoch, handing out the next epoch's batches",
            (prefetch_fetcher._StepIterator, "close"), _instead(lambda self: None),
-           (C14 + "test_iterator_used_after_its_step_returned",), "later_step"),
+           (C14 + "test_iterator_used_after_its_loop_ended",), "next_epoch"),
+    Defect("iterator_per_step_call", "C14", "prefetcher",
+           "closes a step's `dataloader_iter` when the step returns and hands the next call a new one",
+           (_Fetcher, "end_step_call"), _after(lambda self, _: self._close_iterator()),
+           (C14 + "test_iterator_is_one_object_per_epoch",)),
     Defect("empty_steps_spin", "C14", "batch_processor", "calls a step that consumes nothing forever",
            (common.NoProgressGuard, "step_returned"), _instead(lambda self, consumed: None),
            (C14 + "test_step_that_keeps_consuming_nothing_ends_with_an_error",), SIZED + " and never"),
@@ -536,5 +541,9 @@ CATALOGUE: tuple[Defect, ...] = (
            "ends the draining after one drain call, while a pipeline still holds a second batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_call"), _after(lambda self, ended: True),
            (C19 + "test_train_pipeline_trains_every_batch_once_per_epoch",), "TrainPipelineSparseDist and sized-w0"),
+    Defect("evaluation_never_drains", "C19", "prefetcher",
+           "ends an evaluation dataloader without drain calls, while the validation step still holds batches",
+           (prefetch_loops._PrefetchingEvaluationLoop, "_drain_dataloader"), _instead(lambda self, idx: None),
+           (C19 + "test_eval_pipeline_evaluates_every_batch_once_per_validation_run",), "sized-w0"),
 )
 

@@ -24,6 +24,7 @@ class EvalRun:
     done_after_next: list[bool] = field(default_factory=list)
     hooks: list[tuple] = field(default_factory=list)  # ("start" | "end", ids, batch_idx) per batch hook call
     completed: int | None = None  # the running loop's batch_progress.current.completed at the epoch end
+    drain_calls: int = 0  # calls entered with every batch of their dataloader handed out (C17)
 
     @property
     def received(self) -> list[tuple]:
@@ -59,6 +60,12 @@ class EvalIterModule(IterStepModule):
 
     def _eval_step(self, dataloader_iter):
         run = self.runs[-1]
+        if self._calls_in_run and dataloader_iter.done:
+            # A drain call (C17): the step returned an output after its dataloader's last batch. It holds no batch,
+            # so it ends the draining the way a simple step does, at its first next().
+            run.drain_calls += 1
+            next(dataloader_iter)
+            raise AssertionError("next() on an exhausted dataloader_iter returned instead of raising StopIteration")
         call = self._calls_in_run
         self._calls_in_run += 1
         received: list[tuple] = []

@@ -2,10 +2,13 @@
 
 The stance the suite enforces, per case (the exception type is free; the message is checked for key words):
 
-(a) ``dataloader_iter`` used after the step that received it returned (kept and called in a later step, in
-    ``on_train_batch_end``, or after ``fit``): an error that says the iterator was used after its step and that
-    ``next()`` belongs inside the step. A batch taken outside a step belongs to no step: it would be counted,
-    checkpointed and logged against the wrong call, or never trained on.
+(a) ``dataloader_iter`` is one object for every step call over one dataloader (in training: the epoch; in
+    evaluation: the run), as stock Lightning hands out, valid until the loop over that dataloader ends. A ``next()``
+    between step calls (in ``on_train_batch_end``, or on a pipeline's own loading thread) hands out the next batch,
+    counted toward the next step call. A ``next()`` after the loop over its dataloader ended (the iterator of an
+    earlier epoch or evaluation run, or after ``fit``) is misuse: an error that says the iterator was used after its
+    loop ended and where ``next()`` belongs. A batch taken then belongs to no step call: it would be counted,
+    checkpointed and logged against the wrong epoch, or never trained on.
 (b) A step that keeps consuming no batch while nothing else (limits, ``max_steps``, ...) would end training:
     the run ends with an error naming ``dataloader_iter``/``next()``, at the latest after ``SPIN_LIMIT``
     consecutive empty step calls (the suite's user code raises its own exception at that point, so a design that
@@ -53,50 +56,106 @@ pytestmark = pytest.mark.clause("C14")
 SPIN_LIMIT = 200
 
 
-# --------------------------------------------------------------------------------------------- (a) used after its step
-class KeepsIterator(IterStepModule):
-    """Takes one batch per step; keeps step 0's iterator and calls ``next()`` on it ``where`` the test says."""
+# --------------------------------------------------------------------------------------------- (a) the iterator's life
+class KeepsIterators(IterStepModule):
+    """Takes one batch per step and keeps every ``dataloader_iter`` it receives, per epoch; with ``between``, takes
+    one more batch in ``on_train_batch_end`` after step call 0 of each epoch (between two step calls)."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, between: bool = False) -> None:
         super().__init__((1,))
-        self.where = where
-        self.kept = None
-        self.taken_outside: list[tuple] = []
+        self.between = between
+        self.received_per_epoch: list[list] = []
+        self.taken_between: list[tuple] = []
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self.received_per_epoch.append([])
 
     def training_step(self, dataloader_iter):
-        if self.step_calls == 0:
-            self.kept = dataloader_iter
-        elif self.step_calls == 1 and self.where == "later_step":
-            self.step_calls += 1
-            batch, batch_idx, _ = next(self.kept)  # the iterator of step 0, in step 1
-            self.taken_outside.append((ids(batch), batch_idx))
-            return self.finish_step([batch])
+        self.received_per_epoch[-1].append(dataloader_iter)
         return super().training_step(dataloader_iter)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
         super().on_train_batch_end(outputs, batch, batch_idx)
-        if self.where == "on_train_batch_end" and self.step_calls == 1:
-            batch, batch_idx, _ = next(self.kept)
+        if self.between and len(self.received_per_epoch[-1]) == 1:
+            batch, batch_idx, _ = next(self.received_per_epoch[-1][0])
+            self.taken_between.append((ids(batch), batch_idx))
+
+
+def test_iterator_is_one_object_per_epoch(design):
+    module = KeepsIterators()
+    make_trainer(design, max_epochs=2).fit(module, make_loader("sized"))
+    identities = [{id(handed) for handed in epoch} for epoch in module.received_per_epoch]
+    assert [len(epoch) for epoch in identities] == [1, 1], (
+        f"distinct dataloader_iter objects per epoch: {[len(epoch) for epoch in identities]}; every step call of an"
+        " epoch must receive the same object, as stock Lightning hands out (a pipeline binds to the first it gets)"
+    )
+    assert module.received_per_epoch[0][0] is not module.received_per_epoch[1][0], (
+        "the second epoch received the first epoch's dataloader_iter, whose loop has ended"
+    )
+
+
+def test_next_between_step_calls_hands_out_the_next_batch(design):
+    module = KeepsIterators(between=True)
+    make_trainer(design).fit(module, make_loader("sized", n_items=16))
+    sequence = [(batch, batch_idx) for batch_idx, batch in enumerate(loader_sequence(make_loader("sized", n_items=16)))]
+    in_steps = [(ids, batch_idx) for step in module.record.steps for ids, batch_idx, _ in step]
+    assert module.taken_between == [sequence[1]], (
+        f"next() in on_train_batch_end after step call 0 handed out {module.taken_between}; expected {sequence[1]}"
+    )
+    assert in_steps == sequence[:1] + sequence[2:], (
+        f"the steps received {in_steps}: with batch 1 taken between the calls, they must receive every other batch"
+        " once, in order"
+    )
+    completed = module.trainer.fit_loop.epoch_loop.batch_progress.total.completed
+    assert completed == len(sequence), (
+        f"{completed} batches counted; the batch taken between the calls counts toward the next call: {len(sequence)}"
+    )
+
+
+class UsesAnEndedIterator(KeepsIterators):
+    """Calls ``next()`` on an iterator whose loop has ended: ``where`` the test says."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+        self.validation_iterator = None
+        self.taken_outside: list[tuple] = []
+
+    def training_step(self, dataloader_iter):
+        ended = None
+        if self.where == "next_epoch" and len(self.received_per_epoch) == 2 and not self.received_per_epoch[-1]:
+            ended = self.received_per_epoch[0][0]
+        if self.where == "after_validation" and self.validation_iterator is not None:
+            ended, self.validation_iterator = self.validation_iterator, None
+        if ended is not None:
+            batch, batch_idx, _ = next(ended)
             self.taken_outside.append((ids(batch), batch_idx))
+        return super().training_step(dataloader_iter)
+
+    def validation_step(self, dataloader_iter):
+        self.validation_iterator = dataloader_iter
+        next(dataloader_iter)
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("where", ["later_step", "on_train_batch_end", "after_fit"])
-def test_iterator_used_after_its_step_returned(design, where):
-    module = KeepsIterator(where)
+@pytest.mark.parametrize("where", ["next_epoch", "after_validation", "after_fit"])
+def test_iterator_used_after_its_loop_ended(design, where):
+    module = UsesAnEndedIterator(where)
+    loaders = (make_loader("sized"), make_loader("sized")) if where == "after_validation" else (make_loader("sized"),)
     try:
-        make_trainer(design).fit(module, make_loader("sized"))
+        make_trainer(design, max_epochs=2, val_check_interval=2).fit(module, *loaders)
         if where == "after_fit":
-            batch, batch_idx, _ = next(module.kept)
+            batch, batch_idx, _ = next(module.received_per_epoch[-1][0])
             module.taken_outside.append((ids(batch), batch_idx))
     except Exception as error:
-        assert_names_the_fix(error_chain_text(error), r"dataloader_iter", r"after", r"inside|within|only in",
-                      what=f"next() on step 0's iterator ({where})")
+        assert_names_the_fix(error_chain_text(error), r"dataloader_iter", r"after", r"only while|inside|only in",
+                             what=f"next() on an iterator whose loop ended ({where})")
         return
     raise AssertionError(
-        f"next() on step 0's dataloader_iter ({where}) raised nothing: it handed out (ids, batch_idx)"
-        f" {module.taken_outside} through an iterator whose step had returned (outside a step the batch is never"
-        " trained on; in a later step it is counted and checkpointed against a call that did not receive it)"
+        f"next() on a dataloader_iter whose loop had ended ({where}) raised nothing: it handed out (ids, batch_idx)"
+        f" {module.taken_outside} (the batch belongs to no step call of that loop: never trained on, or counted and"
+        " checkpointed against a loop that did not receive it)"
     )
 
 

@@ -21,6 +21,7 @@ from tests.conformance.harness import (
     LOADER_CASES,
     IterStepModule,
     RegularStepModule,
+    ids,
     loader_sequence,
     make_loader,
     make_trainer,
@@ -179,4 +180,39 @@ def test_drain_calls_log_and_count_as_the_regular_flavour(
     assert bar.counts == expected_bar, (
         f"the progress bar's count after each batch-end hook and at each epoch end:\n  got:      {bar.counts}\n"
         f"  expected: {expected_bar}"
+    )
+
+
+class PipeliningValidation(IterStepModule):
+    """A ``validation_step`` that holds one batch across calls: each call pulls the next batch and evaluates the one
+    pulled before, returning an output; with nothing held at a dataloader's end, its ``next()`` ends the draining."""
+
+    def __init__(self) -> None:
+        super().__init__((1,))
+        self.validated: list[tuple[tuple[int, ...], int]] = []  # (ids, dataloader_idx) in the order evaluated
+        self.held: tuple | None = None
+
+    def validation_step(self, dataloader_iter):
+        if self.held is None:
+            self.held = next(dataloader_iter)
+        try:
+            following = next(dataloader_iter)
+        except StopIteration:
+            following = None
+        batch, _, dataloader_idx = self.held
+        self.held = following
+        self.validated.append((ids(batch), dataloader_idx))
+        return torch.zeros(())
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+def test_pipelining_validation_step_evaluates_every_batch_of_each_dataloader(design, kind):
+    # two dataloaders: the batch held at the end of the first is evaluated before the step sees the second
+    module = PipeliningValidation()
+    loaders = [make_loader(kind, n_items=8), make_loader(kind, n_items=6)]
+    make_trainer(design).validate(module, loaders, verbose=False)
+    expected = [(batch, idx) for idx, loader in enumerate(loaders) for batch in loader_sequence(loader)]
+    assert module.validated == expected, (
+        f"(ids, dataloader_idx) evaluated {module.validated}; expected every batch of each dataloader once, in order:"
+        f" {expected} (the batch a step holds at a dataloader's end is evaluated in a drain call)"
     )

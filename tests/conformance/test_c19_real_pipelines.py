@@ -5,7 +5,9 @@ TorchRec 1.8.0's ``TrainPipelineBase`` (one batch held across calls) and ``Train
 ``next(it, None)`` to refill while it still holds them) over a ``DistributedModelParallel`` model, on the CPU in a
 single-process gloo group. Each epoch must train the loader's batches once, in order, validation after each epoch
 must see its loader's batches once, and the final weights must equal the same pipeline driven by a plain loop over
-the same batches.
+the same batches. ``EvalPipelineSparseDist`` in ``validation_step``: its loading thread binds to the first
+``dataloader_iter`` it is handed and pulls from it between and during the step calls (the iterator is one object per
+evaluation run, C14 a), and it holds two batches at the end of the data (the run's drain calls, C17).
 """
 
 from __future__ import annotations
@@ -52,12 +54,14 @@ def process_group():
 @pytest.fixture(scope="module")
 def plain_loop_runs():
     """The plain loop's (trained, weights) per pipeline and loader: one run each, shared by the designs."""
-    runs: dict[tuple[str, str, int], tuple[list, dict]] = {}
+    runs: dict[tuple[str, str, int, bool], tuple[list, dict, list]] = {}
 
-    def run(pipeline: str, kind: str, workers: int, initial: dict) -> tuple[list, dict]:
-        if (pipeline, kind, workers) not in runs:
-            runs[pipeline, kind, workers] = plain_loop(pipeline, initial, make_loader(kind, workers))
-        return runs[pipeline, kind, workers]
+    def run(pipeline: str, kind: str, workers: int, initial: dict, evaluate: bool = False) -> tuple[list, dict, list]:
+        if (pipeline, kind, workers, evaluate) not in runs:
+            eval_loader = make_loader(kind, workers) if evaluate else None
+            runs[pipeline, kind, workers, evaluate] = plain_loop(pipeline, initial, make_loader(kind, workers),
+                                                                 eval_loader)
+        return runs[pipeline, kind, workers, evaluate]
 
     return run
 
@@ -72,7 +76,7 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
     # are that epoch's training, and validation must not disturb what the pipeline holds
     trainer.fit(module, make_loader(kind, num_workers=workers), make_loader(kind, num_workers=workers))
     sequence = loader_ids(make_loader(kind, workers))
-    reference_trained, reference_weights = plain_loop_runs(pipeline, kind, workers, module.initial)
+    reference_trained, reference_weights, _ = plain_loop_runs(pipeline, kind, workers, module.initial)
     # the RFC's real-pipelines table: batches trained per epoch, whatever the outcome
     record_property("batches_trained_per_epoch", [len(epoch) for epoch in module.trained])
     record_property("plain_loop_batches_per_epoch", [len(epoch) for epoch in reference_trained])
@@ -91,3 +95,25 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
         torch.testing.assert_close(value.detach(), reference_weights[name], msg=lambda m, name=name: (
             f"{name} differs from the same pipeline driven by a plain loop:\n{m}"
         ))
+
+
+@pytest.mark.parametrize("kind,workers", LOADERS)
+def test_eval_pipeline_evaluates_every_batch_once_per_validation_run(design, plain_loop_runs, record_property, kind,
+                                                                     workers):
+    module = TorchRecModule("TrainPipelineSparseDist", eval_pipeline=True)
+    trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS})
+    trainer.fit(module, make_loader(kind, num_workers=workers), make_loader(kind, num_workers=workers))
+    sequence = loader_ids(make_loader(kind, workers))
+    _, _, reference = plain_loop_runs("TrainPipelineSparseDist", kind, workers, module.initial, evaluate=True)
+    # the RFC's real-pipelines table: batches evaluated per validation run, whatever the outcome
+    record_property("batches_evaluated_per_run", [len(run) for run in module.validated])
+    record_property("plain_loop_batches_per_run", [len(run) for run in reference])
+    assert [[ids for ids, _ in run] for run in reference] == [sequence] * EPOCHS, (
+        "the plain loop itself does not evaluate every batch once"
+    )
+    assert module.validated == [sequence] * EPOCHS, (
+        f"sample ids evaluated per validation run {module.validated}; EvalPipelineSparseDist driven by a plain loop"
+        f" evaluates {sequence} after each epoch"
+    )
+    # the same losses: the same batches through the same model, trained alike between the runs
+    torch.testing.assert_close(module.validation_losses, [[loss for _, loss in run] for run in reference])

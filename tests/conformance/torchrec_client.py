@@ -25,7 +25,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed import DistributedModelParallel
-from torchrec.distributed.train_pipeline import StagedTrainPipeline, TrainPipelineBase, TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import (
+    EvalPipelineSparseDist,
+    StagedTrainPipeline,
+    TrainPipelineBase,
+    TrainPipelineSparseDist,
+)
 from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage
 from torchrec.streamable import Pipelineable
 
@@ -181,17 +186,21 @@ class TorchRecModule(pl.LightningModule):
     pipeline's ``optimizer.step()`` calls counts in ``trainer.global_step``; given the raw ``torch.optim.SGD``, as
     TorchRec's examples do, ``global_step`` would stay 0. The step strips the ``(batch, batch_idx,
     dataloader_idx)`` triples and hands the pipeline the batches; an epoch starts with TorchRec's own way to start
-    one (``start_epoch``); validation runs the model's own forward after TorchRec's ``detach()``. Nothing else: the pipeline runs forward, backward and the optimizer step itself, or,
+    one (``start_epoch``); validation runs, after TorchRec's ``detach()``, the model's own forward or (``eval_pipeline``)
+    TorchRec's ``EvalPipelineSparseDist``, ``reset()`` at each run's start. Nothing else: the pipeline runs forward, backward and the optimizer step itself, or,
     after a staged pipeline, the step does, as TorchRec's example loop does, returning None once it is empty.
     """
 
-    def __init__(self, pipeline: str) -> None:
+    def __init__(self, pipeline: str, eval_pipeline: bool = False) -> None:
         super().__init__()
         self.automatic_optimization = False  # the pipeline (or the step, after a staged pipeline) steps it
         self.model = sharded_model()
         self.initial = parameters_of(self.model)
         self.make_pipeline, self.pipeline_trains = PIPELINES[pipeline]
         self.pipeline: Any = None
+        self.evaluates_with_pipeline = eval_pipeline  # validation through TorchRec's EvalPipelineSparseDist
+        self.eval_pipeline: EvalPipelineSparseDist | None = None
+        self.validation_losses: list[list[float]] = []  # per validation run, each batch's loss
         self.trained: list[list[list[int]]] = []  # per epoch, the sample ids of each batch trained, in order
         self.validated: list[list[list[int]]] = []  # per validation run, the sample ids of each batch validated
 
@@ -200,6 +209,8 @@ class TorchRecModule(pl.LightningModule):
 
     def on_train_start(self) -> None:
         self.pipeline = self.make_pipeline(self.model, self.optimizers(), self.device)
+        if self.evaluates_with_pipeline:
+            self.eval_pipeline = EvalPipelineSparseDist(self.model, self.optimizers(), self.device)
 
     def on_train_epoch_start(self) -> None:
         start_epoch(self.pipeline)
@@ -227,26 +238,39 @@ class TorchRecModule(pl.LightningModule):
         detach = getattr(self.pipeline, "detach", None)
         if detach is not None:
             detach()
+        if self.eval_pipeline is not None:
+            self.eval_pipeline.reset()  # TorchRec's way to start a run: stops the last run's loading thread
         self.validated.append([])
+        self.validation_losses.append([])
 
     def validation_step(self, dataloader_iter):
-        # Why the model's own forward, not TorchRec's EvalPipelineSparseDist: that pipeline pulls batches on a thread
-        # of its own between step calls, which C14 (a) refuses (a step call's iterator ends with the call)
-        batch, _, _ = next(dataloader_iter)
-        _, output = self.model(batch)
+        batches = (batch for batch, _, _ in dataloader_iter)
+        if self.eval_pipeline is not None:
+            # the pipeline's loading thread keeps pulling from `batches` between and during the calls; it holds two
+            # batches at the end of the data and returns their outputs in the calls after, then raises StopIteration
+            output = self.eval_pipeline.progress(batches)
+        else:
+            _, output = self.model(next(batches))
         self.validated[-1].append(trained_ids(output))
+        self.validation_losses[-1].append(output[0].item())
+        return output
 
 
-def plain_loop(pipeline: str, initial: dict[str, torch.Tensor], loader: DataLoader) -> tuple[list, dict]:
+def plain_loop(pipeline: str, initial: dict[str, torch.Tensor], loader: DataLoader,
+               eval_loader: DataLoader | None = None) -> tuple[list, dict, list]:
     """The same pipeline driven as TorchRec's own examples drive it: ``progress`` until StopIteration, per epoch.
 
-    Returns the sample ids of each batch trained per epoch and the final parameters.
+    With ``eval_loader``, after each epoch an ``EvalPipelineSparseDist`` over it, ``progress`` until StopIteration.
+    Returns the sample ids of each batch trained per epoch, the final parameters, and per validation run the
+    ``(sample ids, loss)`` of each batch evaluated.
     """
     model = sharded_model(initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     make_pipeline, pipeline_trains = PIPELINES[pipeline]
     pipe = make_pipeline(model, optimizer, torch.device("cpu"))
+    evaluate = EvalPipelineSparseDist(model, optimizer, torch.device("cpu")) if eval_loader is not None else None
     trained: list[list[list[int]]] = []
+    evaluated: list[list[tuple[list[int], float]]] = []
     for _ in range(EPOCHS):
         start_epoch(pipe)
         trained.append([])
@@ -266,4 +290,16 @@ def plain_loop(pipeline: str, initial: dict[str, torch.Tensor], loader: DataLoad
                 loss.backward()
                 optimizer.step()
             trained[-1].append(trained_ids(output))
-    return trained, parameters_of(model)
+        if evaluate is None:
+            continue
+        pipe.detach()
+        evaluate.reset()
+        evaluated.append([])
+        eval_batches = iter(eval_loader)
+        while True:
+            try:
+                output = evaluate.progress(eval_batches)
+            except StopIteration:
+                break
+            evaluated[-1].append((trained_ids(output), output[0].item()))
+    return trained, parameters_of(model), evaluated

@@ -619,19 +619,19 @@ class StrayStopInValidation(EvalThreads):
         next(iter(()))
 
 
-class IteratorKeptPastValidationStep(EvalThreads):
+class IteratorKeptPastValidationRun(EvalThreads):
     def validation_step(self, dataloader_iter):
         self.kept = dataloader_iter
         return next(dataloader_iter)[0][0]
 
-    def on_validation_batch_end(self, outputs, batch, batch_idx, dataloader_idx=0):
-        next(self.kept)
+    def on_validation_end(self):
+        next(self.kept)  # the run's loop over its dataloader has ended (C14 a)
 
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("stage", ["validate", "fit"])
 @pytest.mark.parametrize("module_class,message", [(StrayStopInValidation, "validation_step raised StopIteration"),
-                                                  (IteratorKeptPastValidationStep, "after the validation_step")])
+                                                  (IteratorKeptPastValidationRun, "after the loop over its dataloader ended")])
 def test_evaluation_misuse_is_an_error_and_leaves_no_thread(module_class, message, stage):
     trainer, module, loader = quiet_trainer(4), module_class(), make_loader(n_items=32)  # the thread is blocked
     with pytest.raises(RuntimeError, match=message):
