@@ -84,8 +84,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         self.window_loss: torch.Tensor | None = None  # a loss of the open accumulation window: backward ran, no step
 
     def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher):
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is None:
             return super().run(optimizer, batch_idx, kwargs)
         strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
         accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
@@ -128,8 +128,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         return result.asdict()
 
     def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher) or self._skip_backward:
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is None or self._skip_backward:
             return super()._make_zero_grad_fn(batch_idx, optimizer)
         # Why: Lightning zeroes when batch_idx % accumulate_grad_batches == 0; a step call here may consume any
         # number of batches, so the window starts at every accumulate_grad_batches-th step call.
@@ -146,8 +146,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
 
 class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
     def run(self, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher):
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is None:
             return super().run(kwargs)
         try:
             return super().run(kwargs)
@@ -167,12 +167,11 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
         self.manual_optimization = _StepCallManualOptimization(trainer)
 
-    def _prefetching(self, data_fetcher: Any = None) -> _PrefetchingIterFetcher | None:
-        fetcher = data_fetcher if data_fetcher is not None else self.trainer.fit_loop._data_fetcher
-        return fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+    def _prefetching(self) -> _PrefetchingIterFetcher | None:
+        return self.trainer.fit_loop.prefetching
 
     def _steps_pull_batches(self) -> bool:
-        return self._prefetching() is not None
+        return self.trainer.fit_loop.prefetching is not None
 
     def _step_calls_this_epoch(self) -> int:
         return self._prefetching().step_calls
@@ -186,7 +185,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)
-        fetcher = self._prefetching(data_fetcher)
+        fetcher = self._prefetching()
         if fetcher is None:
             return
         self._drain_if_the_data_ended(fetcher.cut_short)
@@ -309,6 +308,13 @@ class _InstallsPrefetchingFetcher:
     trainer: pl.Trainer
     options: _Options
     step_name: str
+    prefetching: _PrefetchingIterFetcher | None = None
+    """The installed fetcher if it is the design's (the step takes ``dataloader_iter``), else None.
+
+    Why an attribute set with the fetcher: the loops ask on every batch, several times (Lightning calls
+    ``_accumulated_batches_reached`` six times per batch); a type check there would be per-batch work that a regular
+    module, which runs Lightning's own fetcher and path (C1), pays for nothing. The fetcher changes only in the
+    setter below."""
 
     @property
     def counted_progress(self) -> _CountsConsumed:
@@ -331,8 +337,9 @@ class _InstallsPrefetchingFetcher:
             if started.iterator is not None:
                 fetcher.adopt(started)
         self.__dict__["_data_fetcher"] = fetcher
+        self.prefetching = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
         if fetcher is not None:
-            self.counted_progress.counts_consumed = isinstance(fetcher, _PrefetchingIterFetcher)
+            self.counted_progress.counts_consumed = self.prefetching is not None
 
     def teardown(self) -> None:
         super().teardown()  # type: ignore[misc]
@@ -433,17 +440,15 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
             undo()
 
     def _step_batch_size(self) -> int | None:
-        fetcher = self._data_fetcher
-        return fetcher.step_batch_size() if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        return self.prefetching.step_batch_size() if self.prefetching is not None else None
 
     def advance(self) -> None:
         try:
             super().advance()
         finally:
             # Why: the prefetch thread must not outlive the epoch, whether it ended, stopped early or raised.
-            if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
-                self._data_fetcher.stop()
+            if self.prefetching is not None:
+                self.prefetching.stop()
 
     def consumed_loader_states(self) -> list[dict] | None:
-        fetcher = self._data_fetcher
-        return fetcher.loader_states if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        return self.prefetching.loader_states if self.prefetching is not None else None

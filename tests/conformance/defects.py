@@ -206,7 +206,7 @@ def _counts_only_a_calls_first_batch(original: Callable[..., Any]) -> Callable[.
 def _validates_on_multiples_only(original: Callable[..., Any]) -> Callable[..., Any]:
     def should_check(self: Any, data_fetcher: Any) -> bool:
         interval = self.trainer.val_check_batch
-        if self._prefetching(data_fetcher) is None or not isinstance(interval, int):
+        if self._prefetching() is None or not isinstance(interval, int):
             return original(self, data_fetcher)
         # Lightning's rule for one batch per step: a step that consumes past a multiple never lands on it
         return original(self, data_fetcher) and self.batch_progress.current.completed % interval == 0
