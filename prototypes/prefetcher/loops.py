@@ -87,8 +87,11 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         fetcher = self.trainer.fit_loop.prefetching
         if fetcher is None:
             return super().run(optimizer, batch_idx, kwargs)
-        strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
-        accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
+        trainer = self.trainer
+        # Why accumulate_grad_batches first: without accumulation no call leaves a window open, and asking the loop
+        # and the strategy is a chain of calls on every batch
+        accumulating = (trainer.accumulate_grad_batches > 1 and not trainer.strategy.handles_gradient_accumulation
+                        and trainer.fit_loop._should_accumulate())
         try:
             outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.draining else super().run(
                 optimizer, batch_idx, kwargs
@@ -174,10 +177,10 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         return self.trainer.fit_loop.prefetching is not None
 
     def _step_calls_this_epoch(self) -> int:
-        return self._prefetching().step_calls
+        return self.trainer.fit_loop.prefetching.step_calls
 
     def _consumed_by_last_call(self) -> int:
-        return self._prefetching().consumed_in_step
+        return self.trainer.fit_loop.prefetching.consumed_in_step
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)

@@ -521,7 +521,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_lr_find_matches_the_regular_flavour",), "2-2"),
     Defect("transfer_hooks_unprofiled", "C18", "prefetcher",
            "runs the transfer hooks on its thread without recording them in the profiler",
-           (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
+           (common, "profiled"), _instead(lambda profiler, action, function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
     Defect("drain_call_enters_optimizer_step", "C18", "prefetcher",
            "enters the `optimizer_step` hook in a drain call before the step runs, even when it trains nothing",
