@@ -413,8 +413,8 @@ class _PrefetchingPredictionLoop(
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)
-        fetcher = self._data_fetcher
-        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.cut_short and self.return_predictions:
+        fetcher = self.prefetching
+        if fetcher is not None and fetcher.cut_short and self.return_predictions:
             # Why: a call ended by StopIteration returned no prediction; Lightning stored its None
             self._predictions[fetcher._dataloader_idx].pop()
 
