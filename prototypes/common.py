@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytorch_lightning as pl
-from pytorch_lightning.profilers import PassThroughProfiler
+from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
 DATALOADER_ITER = "dataloader_iter"
@@ -205,22 +205,18 @@ STOP_ITERATION_WITH_BATCHES_LEFT = (
 )
 
 
-def profiled(trainer: pl.Trainer, action: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Wraps a function so each call is recorded as ``action`` by the trainer's profiler, as Lightning records the
-    hooks it calls itself."""
+def profiled(profiler: Profiler, action: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, each call recorded as ``action`` by ``profiler``, as Lightning records the hooks it calls itself;
+    ``function`` itself when nothing is recorded (the ``PassThroughProfiler``): no wrapper on the per-batch path."""
+    if isinstance(profiler, PassThroughProfiler):
+        return function
 
-    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-        if isinstance(trainer.profiler, PassThroughProfiler):
-            return function
+    @functools.wraps(function)
+    def call(*args: Any) -> Any:
+        with profiler.profile(action):
+            return function(*args)
 
-        @functools.wraps(function)
-        def call(*args: Any) -> Any:
-            with trainer.profiler.profile(action):
-                return function(*args)
-
-        return call
-
-    return wrap
+    return call
 
 
 # [RFC 4] every batch through the transfer path
@@ -234,24 +230,25 @@ def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
     Why not Lightning's dispatch (``trainer._call_lightning_module_hook``): it sets ``module._current_fx_name``, which
     ``self.log`` on the main thread reads, so it cannot run on a prefetch thread; one path serves every design.
     """
+    # Why read once: each of the trainer's properties is a chain of calls, and this runs for every batch
+    strategy, datamodule, profiler = trainer.strategy, trainer.datamodule, trainer.profiler
+    module = strategy.lightning_module
 
     def hook(name: str) -> Callable[..., Any]:
-        datamodule = trainer.datamodule
-        owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else trainer.lightning_module
-        kind = "LightningModule" if owner is trainer.lightning_module else "LightningDataModule"
-        return profiled(trainer, f"[{kind}]{type(owner).__name__}.{name}")(getattr(owner, name))
+        owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else module
+        kind = "LightningModule" if owner is module else "LightningDataModule"
+        return profiled(profiler, f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name))
 
-    batch = trainer.precision_plugin.convert_input(batch)
+    batch = strategy.precision_plugin.convert_input(batch)
     batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
     if pin is not None:
         batch = pin(batch)
 
-    @profiled(trainer, f"[Strategy]{type(trainer.strategy).__name__}.batch_to_device")
     def batch_to_device(batch: Any) -> Any:
-        batch = hook("transfer_batch_to_device")(batch, trainer.strategy.root_device, dataloader_idx)
+        batch = hook("transfer_batch_to_device")(batch, strategy.root_device, dataloader_idx)
         return hook("on_after_batch_transfer")(batch, dataloader_idx)
 
-    return batch_to_device(batch)
+    return profiled(profiler, f"[Strategy]{type(strategy).__name__}.batch_to_device", batch_to_device)(batch)
 
 
 StepItem = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx): what ``next(dataloader_iter)`` returns

@@ -38,10 +38,15 @@ class StockProfilerActions:
     trainer: pl.Trainer
 
     def _on_before_fetch(self) -> None:
-        self.trainer.profiler.start(stock_fetch_action(self))
+        self.trainer.profiler.start(self._stock_fetch_action)
 
     def _on_after_fetch(self) -> None:
-        self.trainer.profiler.stop(stock_fetch_action(self))
+        self.trainer.profiler.stop(self._stock_fetch_action)
+
+    @functools.cached_property
+    def _stock_fetch_action(self) -> str:
+        # Why cached: read twice per batch, and a loop's class and stage never change
+        return stock_fetch_action(self)
 
 
 class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
@@ -174,9 +179,7 @@ def stock_fetch_action(loop: Any) -> str:
     return f"[{stock}].{prefix or loop._stage.dataloader_prefix}_next"
 
 
-@functools.cache
 def _stock_loop_name(loop_type: type) -> str:
-    # Why cached: the name is read twice per fetch, on the per-batch path
     return next(c.__name__ for c in loop_type.__mro__ if c.__module__.startswith("pytorch_lightning."))
 
 

@@ -89,11 +89,14 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         self.window_loss: torch.Tensor | None = None  # a loss of the open accumulation window: backward ran, no step
 
     def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher):
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is None:
             return super().run(optimizer, batch_idx, kwargs)
-        strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
-        accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
+        trainer = self.trainer
+        # Why accumulate_grad_batches first: without accumulation no call leaves a window open, and asking the loop
+        # and the strategy is a chain of calls on every batch
+        accumulating = (trainer.accumulate_grad_batches > 1 and not trainer.strategy.handles_gradient_accumulation
+                        and trainer.fit_loop._should_accumulate())
         try:
             outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.draining else super().run(
                 optimizer, batch_idx, kwargs
@@ -133,8 +136,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         return result.asdict()
 
     def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher) or self._skip_backward:
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is None or self._skip_backward:
             return super()._make_zero_grad_fn(batch_idx, optimizer)
         # Why: Lightning zeroes when batch_idx % accumulate_grad_batches == 0; a step call here may consume any
         # number of batches, so the window starts at every accumulate_grad_batches-th step call.
@@ -151,8 +154,8 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
 
 class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
     def run(self, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher):
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is None:
             return super().run(kwargs)
         try:
             return super().run(kwargs)
@@ -172,18 +175,17 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
         self.manual_optimization = _StepCallManualOptimization(trainer)
 
-    def _prefetching(self, data_fetcher: Any = None) -> _PrefetchingIterFetcher | None:
-        fetcher = data_fetcher if data_fetcher is not None else self.trainer.fit_loop._data_fetcher
-        return fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+    def _prefetching(self) -> _PrefetchingIterFetcher | None:
+        return self.trainer.fit_loop.prefetching
 
     def _steps_pull_batches(self) -> bool:
-        return self._prefetching() is not None
+        return self.trainer.fit_loop.prefetching is not None
 
     def _step_calls_this_epoch(self) -> int:
-        return self._prefetching().step_calls
+        return self.trainer.fit_loop.prefetching.step_calls
 
     def _consumed_by_last_call(self) -> int:
-        return self._prefetching().consumed_in_step
+        return self.trainer.fit_loop.prefetching.consumed_in_step
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
@@ -191,7 +193,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)
-        fetcher = self._prefetching(data_fetcher)
+        fetcher = self._prefetching()
         if fetcher is None:
             return
         self._drain_if_the_data_ended(fetcher.cut_short)
@@ -316,6 +318,13 @@ class _InstallsPrefetchingFetcher:
     options: _Options
     step_name: str
     _drain_dataloader: Callable[[int], None] | None = None  # the drain calls at a dataloader's end, where drained
+    prefetching: _PrefetchingIterFetcher | None = None
+    """The installed fetcher if it is the design's (the step takes ``dataloader_iter``), else None.
+
+    Why an attribute set with the fetcher: the loops ask on every batch, several times (Lightning calls
+    ``_accumulated_batches_reached`` six times per batch); a type check there would be per-batch work that a regular
+    module, which runs Lightning's own fetcher and path (C1), pays for nothing. The fetcher changes only in the
+    setter below."""
 
     @property
     def counted_progress(self) -> _CountsConsumed:
@@ -339,8 +348,9 @@ class _InstallsPrefetchingFetcher:
                 fetcher.adopt(started)
             fetcher.drain_dataloader = self._drain_dataloader
         self.__dict__["_data_fetcher"] = fetcher
+        self.prefetching = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
         if fetcher is not None:
-            self.counted_progress.counts_consumed = isinstance(fetcher, _PrefetchingIterFetcher)
+            self.counted_progress.counts_consumed = self.prefetching is not None
 
     def teardown(self) -> None:
         super().teardown()  # type: ignore[misc]
@@ -423,8 +433,8 @@ class _PrefetchingPredictionLoop(
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)
-        fetcher = self._data_fetcher
-        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.cut_short and self.return_predictions:
+        fetcher = self.prefetching
+        if fetcher is not None and fetcher.cut_short and self.return_predictions:
             # Why: a call ended by StopIteration returned no prediction; Lightning stored its None
             self._predictions[fetcher._dataloader_idx].pop()
 
@@ -453,17 +463,15 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
             undo()
 
     def _step_batch_size(self) -> int | None:
-        fetcher = self._data_fetcher
-        return fetcher.step_batch_size() if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        return self.prefetching.step_batch_size() if self.prefetching is not None else None
 
     def advance(self) -> None:
         try:
             super().advance()
         finally:
             # Why: the prefetch thread must not outlive the epoch, whether it ended, stopped early or raised.
-            if isinstance(self._data_fetcher, _PrefetchingIterFetcher):
-                self._data_fetcher.stop()
+            if self.prefetching is not None:
+                self.prefetching.stop()
 
     def consumed_loader_states(self) -> list[dict] | None:
-        fetcher = self._data_fetcher
-        return fetcher.loader_states if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        return self.prefetching.loader_states if self.prefetching is not None else None

@@ -206,7 +206,7 @@ def _counts_only_a_calls_first_batch(original: Callable[..., Any]) -> Callable[.
 def _validates_on_multiples_only(original: Callable[..., Any]) -> Callable[..., Any]:
     def should_check(self: Any, data_fetcher: Any) -> bool:
         interval = self.trainer.val_check_batch
-        if self._prefetching(data_fetcher) is None or not isinstance(interval, int):
+        if self._prefetching() is None or not isinstance(interval, int):
             return original(self, data_fetcher)
         # Lightning's rule for one batch per step: a step that consumes past a multiple never lands on it
         return original(self, data_fetcher) and self.batch_progress.current.completed % interval == 0
@@ -526,7 +526,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_lr_find_matches_the_regular_flavour",), "2-2"),
     Defect("transfer_hooks_unprofiled", "C18", "prefetcher",
            "runs the transfer hooks on its thread without recording them in the profiler",
-           (common, "profiled"), _instead(lambda trainer, action: lambda function: function),
+           (common, "profiled"), _instead(lambda profiler, action, function: function),
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
     Defect("drain_call_enters_optimizer_step", "C18", "prefetcher",
            "enters the `optimizer_step` hook in a drain call before the step runs, even when it trains nothing",
