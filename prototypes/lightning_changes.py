@@ -23,17 +23,67 @@ from lightning_fabric.utilities.types import _Stateful
 from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+from pytorch_lightning.loops.progress import _BatchProgress, _Progress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.loops.utilities import _is_max_limit_reached
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
+from pytorch_lightning.utilities.data import extract_batch_size
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from prototypes.common import NoProgressGuard, end_of_data_vote_needed, every_rank_has_a_batch
 
 
 # ----------------------------------------------------------------------- [RFC 1] progress counts batches
+# [RFC 1] batch progress counts the batches handed out
+class CountsConsumed:
+    """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
+
+    Lightning's loops increment ready and started before each step call and processed and completed after it. While
+    ``counts_consumed`` is set (a design sets it while the step pulls batches), ``count_consumed()`` counts ready and
+    started per batch handed out, and the per-call ``increment_processed`` / ``increment_completed`` only bring
+    processed and completed up to that count; otherwise this is Lightning's class. ``counts_consumed`` is not a
+    dataclass field: a checkpoint holds exactly the fields stock Lightning's class has.
+    """
+
+    counts_consumed = False
+    total: Any
+    current: Any
+
+    def count_consumed(self) -> None:
+        super().increment_ready()  # type: ignore[misc]
+        super().increment_started()  # type: ignore[misc]
+
+    def increment_ready(self) -> None:
+        if not self.counts_consumed:
+            super().increment_ready()  # type: ignore[misc]
+
+    def increment_started(self) -> None:
+        if not self.counts_consumed:
+            super().increment_started()  # type: ignore[misc]
+
+    def increment_processed(self) -> None:
+        if not self.counts_consumed:
+            return super().increment_processed()  # type: ignore[misc]
+        self.total.processed, self.current.processed = self.total.started, self.current.started
+
+    def increment_completed(self) -> None:
+        if not self.counts_consumed:
+            return super().increment_completed()  # type: ignore[misc]
+        self.total.completed, self.current.completed = self.total.processed, self.current.processed
+
+
+class ConsumedBatchProgress(CountsConsumed, _BatchProgress):
+    """The training and evaluation loops' ``_BatchProgress``, counting consumed batches."""
+
+
+class ConsumedProgress(CountsConsumed, _Progress):
+    """The prediction loop's ``_Progress`` (it has no ``is_last_batch`` field), counting consumed batches."""
+
+
+# [RFC 11] stock profiler action names
 class StockProfilerActions:
-    """Loop subclasses that profile fetches under stock Lightning's action names ([RFC 11])."""
+    """Loop subclasses that profile fetches under stock Lightning's action names."""
 
     trainer: pl.Trainer
 
@@ -261,22 +311,35 @@ class BatchCountingFitLoop(_FitLoop):
 
 
 # ----------------------------------------------------------------------- [RFC 9] self.log's batch size
-def supply_log_batch_size(module: pl.LightningModule, step_batch_size: Callable[[], int | None]) -> Callable[[], None]:
-    """Shadow ``module.log`` so that in training ``batch_size`` defaults to ``step_batch_size()``; returns the undo.
+# [RFC 9] self.log's batch size: the samples the step call consumed
+def supply_log_batch_size(module: pl.LightningModule, step_batches: Callable[[], list[Any]]) -> Callable[[], None]:
+    """Shadow ``module.log`` so that in training ``batch_size`` defaults to the samples in ``step_batches()``;
+    returns the undo.
 
-    Why on the instance: ``LightningModule.log`` refuses the flavour without ``batch_size=`` (a guard for stock
-    Lightning, which cannot know it). The loop knows; Lightning proper would drop the guard and infer the size in the
-    loop. When ``step_batch_size()`` is None (no size can be inferred) the guard's own error still asks for it.
+    ``step_batches()`` is the loop's answer for the running step call: the batches it consumed so far, or, before its
+    first ``next()``, the batch it will get (none in a drain call). The size is their samples summed, 1 (Lightning's
+    fallback) for no batch, and None when a batch's size cannot be inferred: then the guard's own error asks for
+    ``batch_size=``. Why on the instance: ``LightningModule.log`` refuses the flavour without ``batch_size=`` (a
+    guard for stock Lightning, which cannot know it). The loop knows; Lightning proper would drop the guard and infer
+    the size in the loop.
     """
 
     def log(*args: Any, **kwargs: Any) -> None:
         bound = _LOG_SIGNATURE.bind(module, *args, **kwargs)
         if bound.arguments.get("batch_size") is None and module.trainer.training:
-            bound.arguments["batch_size"] = step_batch_size()
+            bound.arguments["batch_size"] = samples_in(step_batches())
         return pl.LightningModule.log(*bound.args, **bound.kwargs)
 
     module.log = log
     return lambda: module.__dict__.pop("log", None)
+
+
+def samples_in(batches: list[Any]) -> int | None:
+    """The samples in ``batches`` (1 if there are none, Lightning's fallback); None if a size cannot be inferred."""
+    try:
+        return sum(extract_batch_size(batch) for batch in batches) or 1
+    except MisconfigurationException:
+        return None
 
 
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)
