@@ -131,6 +131,11 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return self._loader_states
 
     @property
+    def batch_idx(self) -> int:
+        """The ``batch_idx`` of the next batch to be consumed before a step call, of the last one consumed after it."""
+        return self._batch_idx
+
+    @property
     def dataloader_idx(self) -> int:
         """The dataloader of the next batch to be consumed before a step call, of the last one consumed after it."""
         return self._dataloader_idx

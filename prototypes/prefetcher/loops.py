@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,63 +16,22 @@ from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
-from pytorch_lightning.loops.progress import _BatchProgress, _Progress
-from pytorch_lightning.profilers import PassThroughProfiler, Profiler
+from pytorch_lightning.loops.progress import _BatchProgress
 
 from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
+    ConsumedBatchProgress,
+    ConsumedProgress,
+    CountsConsumed,
     ManualOptimizationSeesStopIteration,
     PredictionWriterSeesStepCalls,
     StockProfilerActions,
     supply_log_batch_size,
 )
 from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
-
-
-class _CountsConsumed:
-    """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
-
-    Lightning's loops increment ready and started before each step call and processed and completed after it. With
-    the prefetching fetcher, ``count_consumed()`` counts ready and started per batch handed out, and the loop's calls
-    only bring processed and completed up to that count; otherwise this is Lightning's class. ``counts_consumed`` is
-    not a dataclass field: a checkpoint holds exactly the fields stock Lightning's class has.
-    """
-
-    counts_consumed = False
-    total: Any
-    current: Any
-
-    def count_consumed(self) -> None:
-        super().increment_ready()  # type: ignore[misc]
-        super().increment_started()  # type: ignore[misc]
-
-    def increment_ready(self) -> None:
-        if not self.counts_consumed:
-            super().increment_ready()  # type: ignore[misc]
-
-    def increment_started(self) -> None:
-        if not self.counts_consumed:
-            super().increment_started()  # type: ignore[misc]
-
-    def increment_processed(self) -> None:
-        if not self.counts_consumed:
-            return super().increment_processed()  # type: ignore[misc]
-        self.total.processed, self.current.processed = self.total.started, self.current.started
-
-    def increment_completed(self) -> None:
-        if not self.counts_consumed:
-            return super().increment_completed()  # type: ignore[misc]
-        self.total.completed, self.current.completed = self.total.processed, self.current.processed
-
-
-class _ConsumedBatchProgress(_CountsConsumed, _BatchProgress):
-    """The training and evaluation loops' ``_BatchProgress``, counting consumed batches."""
-
-
-class _ConsumedProgress(_CountsConsumed, _Progress):
-    """The prediction loop's ``_Progress`` (it has no ``is_last_batch`` field), counting consumed batches."""
+from prototypes.prefetcher.options import Options
 
 
 class _StepCallAutomaticOptimization(_AutomaticOptimization):
@@ -90,7 +48,7 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
         accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
         try:
-            outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.draining else super().run(
+            outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.call.drain else super().run(
                 optimizer, batch_idx, kwargs
             )
         except StopIteration:
@@ -134,7 +92,7 @@ class _StepCallAutomaticOptimization(_AutomaticOptimization):
         # Why: Lightning zeroes when batch_idx % accumulate_grad_batches == 0; a step call here may consume any
         # number of batches, so the window starts at every accumulate_grad_batches-th step call.
         # A drain call is a window of its own: the epoch's last batch closed the previous one.
-        if (fetcher.step_calls - 1) % self.trainer.accumulate_grad_batches != 0 and not fetcher.draining:
+        if (fetcher.call.index - 1) % self.trainer.accumulate_grad_batches != 0 and not fetcher.call.drain:
             return None
 
         def zero_grad_fn() -> None:
@@ -163,7 +121,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
 
     def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1, **_: Any) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
-        self.batch_progress = _ConsumedBatchProgress()
+        self.batch_progress = ConsumedBatchProgress()
         self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
         self.manual_optimization = _StepCallManualOptimization(trainer)
 
@@ -175,10 +133,10 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         return self._prefetching() is not None
 
     def _step_calls_this_epoch(self) -> int:
-        return self._prefetching().step_calls
+        return self._prefetching().call.index
 
     def _consumed_by_last_call(self) -> int:
-        return self._prefetching().consumed_in_step
+        return self._prefetching().call.consumed
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
@@ -189,38 +147,33 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         fetcher = self._prefetching(data_fetcher)
         if fetcher is None:
             return
-        self._drain_if_the_data_ended(fetcher.cut_short)
+        self._drain_if_the_data_ended(fetcher.call.cut_short)
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
-        fetcher = self._prefetching()
-        consumed, fetcher.draining = fetcher.consumed_in_step, True
-        try:
+        with self._prefetching().drain_calls():
             yield
-        finally:
-            # the validation interval looks at the batches of the call that took the last one, not a drain call's
-            fetcher.consumed_in_step, fetcher.draining = consumed, False
 
     def _run_drain_call(self) -> tuple[bool, Any]:
         trainer, fetcher = self.trainer, self._prefetching()
-        kwargs = OrderedDict(any=fetcher.start_step_call())
+        kwargs = OrderedDict(any=fetcher.start_drain_call())
         with trainer.profiler.profile("run_training_batch"):
             if trainer.lightning_module.automatic_optimization:
-                outputs = self.automatic_optimization.run(trainer.optimizers[0], fetcher._batch_idx, kwargs)
+                outputs = self.automatic_optimization.run(trainer.optimizers[0], fetcher.batch_idx, kwargs)
             else:
                 outputs = self.manual_optimization.run(kwargs)
-        return fetcher.cut_short, outputs
+        return fetcher.call.cut_short, outputs
 
 
 class _InstallsPrefetchingFetcher:
     """What every loop of the design changes: the fetcher installed for a step taking ``dataloader_iter``."""
 
     trainer: pl.Trainer
-    options: _Options
+    options: Options
     step_name: str
 
     @property
-    def counted_progress(self) -> _CountsConsumed:
+    def counted_progress(self) -> CountsConsumed:
         """The batch progress that counts consumed batches. Why a property: Lightning saves every progress object a
         loop holds as an attribute, and a checkpoint must hold what stock Lightning's loops hold (C1)."""
         return self.batch_progress  # type: ignore[attr-defined]
@@ -236,7 +189,8 @@ class _InstallsPrefetchingFetcher:
         # and iterated, so the replacement adopts its loader iterator. Either way the workers start once.
         if type(fetcher) is _DataLoaderIterDataFetcher:
             refuse_mixed_step_signature(getattr(self.trainer.lightning_module, self.step_name), self.step_name)
-            started, fetcher = fetcher, _PrefetchingIterFetcher(self)
+            started = fetcher
+            fetcher = _PrefetchingIterFetcher(self.trainer, self.options, self.step_name, self.counted_progress)
             if started.iterator is not None:
                 fetcher.adopt(started)
         self.__dict__["_data_fetcher"] = fetcher
@@ -251,11 +205,11 @@ class _InstallsPrefetchingFetcher:
 class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     """The evaluation and prediction loops: Lightning's, with the design's fetcher and one call per dataloader."""
 
-    def __init__(self, *args: Any, options: _Options, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, options: Options, **kwargs: Any) -> None:
         self.options = options
         super().__init__(*args, **kwargs)
         # the counting twin of the class Lightning's loop chose (prediction keeps a `_Progress`, without is_last_batch)
-        counting = _ConsumedBatchProgress if isinstance(self.batch_progress, _BatchProgress) else _ConsumedProgress
+        counting = ConsumedBatchProgress if isinstance(self.batch_progress, _BatchProgress) else ConsumedProgress
         self.batch_progress = counting()
 
     def run(self) -> Any:
@@ -287,7 +241,7 @@ def _step_call(
     """An evaluation step call: the StopIteration at the end of its dataloader ends the call (returning None)."""
     if not isinstance(dataloader_iter, _StepIterator):
         return step(dataloader_iter, *args, **kwargs)
-    fetcher = dataloader_iter._fetcher
+    fetcher = loop._data_fetcher
     try:
         output = step(dataloader_iter, *args, **kwargs)
     except StopIteration:
@@ -295,7 +249,8 @@ def _step_call(
         output = None
     finally:
         fetcher.close_step()
-    loop._on_step_returned(output, dataloader_iter.dataloader_idx, fetcher.step_batch_indices, fetcher.cut_short)
+    call = fetcher.call
+    loop._on_step_returned(output, dataloader_iter.dataloader_idx, call.batch_indices, call.cut_short)
     return output
 
 
@@ -313,9 +268,9 @@ class _PrefetchingPredictionLoop(
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)
         fetcher = self._data_fetcher
-        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.cut_short and self.return_predictions:
+        if isinstance(fetcher, _PrefetchingIterFetcher) and fetcher.call.cut_short and self.return_predictions:
             # Why: a call ended by StopIteration returned no prediction; Lightning stored its None
-            self._predictions[fetcher._dataloader_idx].pop()
+            self._predictions[fetcher.dataloader_idx].pop()
 
 
 class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
@@ -323,27 +278,27 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
 
     step_name = "training_step"
 
-    def __init__(self, trainer: pl.Trainer, *, options: _Options, **kwargs: Any) -> None:
+    def __init__(self, trainer: pl.Trainer, *, options: Options, **kwargs: Any) -> None:
         self.options = options
         super().__init__(trainer, **kwargs)
 
     @property
-    def counted_progress(self) -> _ConsumedBatchProgress:
+    def counted_progress(self) -> ConsumedBatchProgress:
         return self.epoch_loop.batch_progress  # type: ignore[return-value]
 
     def run(self) -> None:
         module = self.trainer.lightning_module
         if not takes_dataloader_iter(module.training_step):
             return super().run()
-        undo = supply_log_batch_size(module, self._step_batch_size)
+        undo = supply_log_batch_size(module, self._step_batches)
         try:
             super().run()
         finally:
             undo()
 
-    def _step_batch_size(self) -> int | None:
+    def _step_batches(self) -> list[Any] | None:
         fetcher = self._data_fetcher
-        return fetcher.step_batch_size() if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        return fetcher.step_batches() if isinstance(fetcher, _PrefetchingIterFetcher) else None
 
     def advance(self) -> None:
         try:

@@ -11,7 +11,6 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
 
-
 # the profiler actions of a batch's transfer, as Lightning names them (`[<kind>]<class>.<hook>`)
 _TRANSFER_ACTIONS = (
     ".on_before_batch_transfer", ".transfer_batch_to_device", ".on_after_batch_transfer", ".batch_to_device"
