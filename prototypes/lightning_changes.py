@@ -147,6 +147,12 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
             self._drain_held_batches()
 
+    # [RFC 8] the end-of-data vote, where this epoch's loaders need it
+    def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
+        """The ranks' end-of-data vote (``every_rank_has_a_batch``) when ``_ranks_vote_every_step()``; otherwise
+        every rank's data ends at the same step call, and this rank's ``has_batch`` is the answer."""
+        return every_rank_has_a_batch(self.trainer, has_batch) if self._ranks_vote_every_step() else has_batch
+
     def _ranks_vote_every_step(self) -> bool:
         """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
         combined loader: ``end_of_data_vote_needed``)."""
@@ -269,11 +275,6 @@ def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], 
     if combined_loader is None or not any(isinstance(dl, _Stateful) for dl in combined_loader.flattened):
         return lambda: None
     return combined_loader._state_dicts
-
-
-def loader_states(combined_loader: CombinedLoader | None) -> list[dict] | None:
-    """The loaders' state now, or None when no loader can be resumed (only stateful loaders are checkpointed)."""
-    return loader_state_reader(combined_loader)()
 
 
 class BatchCountingFitLoop(_FitLoop):

@@ -14,14 +14,11 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.fetchers import _DataFetcher
 from pytorch_lightning.trainer import call
-from pytorch_lightning.utilities.data import extract_batch_size
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from prototypes.batch_processor.lookahead import Item, LookAhead, LookAheadStepIterator, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
-    every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
     transfer_batch,
@@ -29,8 +26,9 @@ from prototypes.common import (
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
+    ConsumedBatchProgress,
     ManualOptimizationSeesStopIteration,
-    loader_states,
+    loader_state_reader,
     supply_log_batch_size,
 )
 
@@ -45,6 +43,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
 
     def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
+        self.batch_progress = ConsumedBatchProgress()
         self._pulling = False
         self._pulling_module: pl.LightningModule | None = None  # the module `_pulling` was decided for
         self._batches: LookAhead | None = None
@@ -54,6 +53,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._last_step_consumed = 0
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
+        self._upcoming_batch: Any = None  # the batch the running step call will get first (None in a drain call)
         self._undo_log_batch_size: Callable[[], None] | None = None
         self._no_progress = NoProgressGuard()
         self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
@@ -64,10 +64,11 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
         self._pulling_module, self._pulling = self.trainer.lightning_module, takes_dataloader_iter(step)
+        self.batch_progress.counts_consumed = self._pulling
         if self._pulling:
             refuse_mixed_step_signature(step, "training_step")  # before on_run_start fetches a batch
             if self._undo_log_batch_size is None:  # `run` is called once per epoch
-                self._undo_log_batch_size = supply_log_batch_size(self.trainer.lightning_module, self._step_batch_size)
+                self._undo_log_batch_size = supply_log_batch_size(self.trainer.lightning_module, self._log_batches)
         super().run(data_fetcher)
 
     def _steps_pull_batches(self) -> bool:
@@ -75,6 +76,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         module = self.trainer.lightning_module
         if module is not None and module is not self._pulling_module:
             self._pulling_module, self._pulling = module, takes_dataloader_iter(module.training_step)
+            self.batch_progress.counts_consumed = self._pulling
         return self._pulling
 
     def _step_calls_this_epoch(self) -> int:
@@ -92,12 +94,13 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._window_open, self._window_loss = False, None
         self._last_handed_out = (None, -1)
         self._no_progress = NoProgressGuard()
-        combined_loader = self.trainer.fit_loop._combined_loader
-        self._stateful_loaders = loader_states(combined_loader) is not None
-        snapshot = partial(loader_states, combined_loader) if self._stateful_loaders else None
+        # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
+        read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
+        self._stateful_loaders = read_loader_states() is not None
+        snapshot = read_loader_states if self._stateful_loaders else None
         self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(transfer_batch, self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
-        self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
+        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not self._batches.exhausted)
 
     def _fetch(self, data_fetcher: _DataFetcher) -> Item:
         if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
@@ -117,19 +120,18 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch, _, dataloader_idx = item
         # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
         batch_idx = self.batch_progress.current.ready
-        self.batch_progress.increment_ready()
-        self.batch_progress.increment_started()
+        self.batch_progress.count_consumed()
         self.batch_progress.is_last_batch = self._batches.exhausted
         self._last_handed_out = (batch, batch_idx)
         self._step_batches.append(batch)
         return batch, batch_idx, dataloader_idx
 
-    def _step_batch_size(self) -> int | None:
-        """Samples the running step consumed (1 if none, Lightning's fallback); None if a size cannot be inferred."""
-        try:
-            return sum(extract_batch_size(batch) for batch in self._step_batches) or 1
-        except MisconfigurationException:
-            return None
+    def _log_batches(self) -> list[Any]:
+        """What ``self.log``'s batch size counts: the batches the running step consumed, or before its first next()
+        the batch it will get (a drain call gets none)."""
+        if self._step_batches or self._upcoming_batch is None:
+            return self._step_batches
+        return [self._upcoming_batch]
 
     def teardown(self) -> None:
         # Lightning tears down after every fit, failed ones included
@@ -161,7 +163,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch, _, _ = self._batches.peek()  # `done` was False, so a batch (or its fetch error) is there
         batch_idx = self.batch_progress.current.ready
         trainer._logger_connector.on_batch_start(batch)
-        self._step_batches = []
+        self._step_batches, self._upcoming_batch = [], batch
         self._step_calls += 1  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
         call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
         response = call._call_lightning_module_hook(trainer, "on_train_batch_start", batch, batch_idx)
@@ -174,10 +176,11 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch_output = self._run_step()
         self._no_progress.step_returned(self._last_step_consumed)
 
-        # Why vote (one all-reduce per step call): a rank whose shard ran out must not stop alone while its peers
-        # enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers drops its rest
+        # Why vote (one all-reduce per step call, where the loaders need it): a rank whose shard ran out must not stop
+        # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers
+        # drops its rest
         has_batch = not self._batches.exhausted
-        self.batch_progress.is_last_batch = not every_rank_has_a_batch(trainer, has_batch)
+        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(has_batch)
         if has_batch and self.batch_progress.is_last_batch:
             warnings.warn(
                 f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
@@ -185,8 +188,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             )
             # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
             self._batches.drop_rest()
-        for _ in range(self._last_step_consumed):
-            self.batch_progress.increment_processed()
+        self.batch_progress.increment_processed()  # up to the batches handed out (`ConsumedBatchProgress`)
         self.update_lr_schedulers("step", update_plateau_schedulers=False)
         if self._num_ready_batches_reached():
             self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
@@ -195,8 +197,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         call._call_callback_hooks(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
         call._call_lightning_module_hook(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
         trainer._logger_connector.on_batch_end()
-        for _ in range(self._last_step_consumed):
-            self.batch_progress.increment_completed()
+        self.batch_progress.increment_completed()
         trainer._logger_connector.update_train_step_metrics()
 
         self._drain_if_the_data_ended(self._step_stopped)
@@ -211,7 +212,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self._last_step_consumed, self._draining_now = consumed, False
 
     def _run_drain_call(self) -> tuple[bool, Any]:
-        self._step_batches = []
+        self._step_batches, self._upcoming_batch = [], None
         self._step_calls += 1
         outputs = self._run_step()
         return self._step_stopped, outputs
@@ -301,13 +302,6 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def loader_states_consumed(self) -> list[dict] | None:
         """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
         return self._batches.consumed_state if self._pulling and self._batches is not None else None
-
-    def reset(self) -> None:
-        if self.restarted_on_train_batch_end:
-            # Lightning's reset completes the one batch of that call; complete the others it consumed first
-            while self.batch_progress.total.completed < self.batch_progress.total.processed - 1:
-                self.batch_progress.increment_completed()
-        super().reset()
 
 
 class IteratorFitLoop(BatchCountingFitLoop):
