@@ -22,6 +22,7 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_fabric.utilities.types import _Stateful
 from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.progress import _BatchProgress, _Progress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
@@ -309,6 +310,89 @@ class BatchCountingFitLoop(_FitLoop):
         if self.epoch_loop._steps_pull_batches():
             return self.epoch_loop._step_calls_this_epoch() - 1  # a call is counted from its batch-start hooks on
         return super().batch_idx
+
+
+# ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
+# [RFC 5] the optimizer step, or accumulation, decided after the step returns
+class StepFirstAutomaticOptimization(_AutomaticOptimization):
+    """Lightning's automatic optimisation, with the optimizer step (or accumulation) decided after the step returns.
+
+    Lightning calls ``optimizer.step(closure)`` and runs the step inside it, deciding beforehand whether to step.
+    When the step pulls its batches, only its return tells whether it took the epoch's last batch (which closes the
+    accumulation window), and a call cut short by StopIteration must not reach ``optimizer.step`` at all. Here
+    Lightning's closure (step, zero_grad, backward) runs first; then the optimizer steps with the loss already
+    computed, or the window stays open. The step call's index in the epoch stands in for ``batch_idx``: windows and
+    the optimizer hooks count step calls (C9). A drain call (C17) is a window of its own, and one that computed no
+    loss reaches no optimizer hook. ``run`` stays Lightning's, for the regular flavour.
+    """
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        super().__init__(trainer)
+        self._window_open = False  # gradients accumulated since the last optimizer step
+        self._window_loss: torch.Tensor | None = None  # the loss of the window's last call
+        self._in_drain_call = False
+
+    def start_epoch(self) -> None:
+        """The epoch's first step call starts a window."""
+        self._window_open, self._window_loss = False, None
+
+    def run_step_call(self, kwargs: Any, step_call_idx: int, drain: bool, data_ended: Callable[[], bool]) -> dict:
+        """One step call; ``data_ended()``, asked once the step returned, says whether it took the epoch's last batch.
+
+        A StopIteration from the step propagates (no backward ran): the design tells the end of the data from a stray
+        one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
+        """
+        trainer, optimizer = self.trainer, self.trainer.optimizers[0]
+        self._in_drain_call = drain
+        try:
+            closure = self._make_closure(kwargs, optimizer, step_call_idx)
+        finally:
+            self._in_drain_call = False
+        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
+        # Whether this call closes its window is known only after it ran, so every backward syncs: one
+        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
+        closure()
+        result = closure.consume_result()
+        if drain and result.loss is None:
+            return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
+        self._window_open, self._window_loss = True, result.loss
+        if data_ended():
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+        if trainer.strategy.handles_gradient_accumulation or not trainer.fit_loop._should_accumulate():
+            self.close_window(step_call_idx)
+        return {} if result.loss is None else result.asdict()
+
+    def close_window(self, step_call_idx: int) -> None:
+        """Step the optimizer for the open window with the loss its last call computed; nothing if none is open."""
+        if not self._window_open:
+            return
+        loss, evaluated = self._window_loss, []
+
+        def computed_loss() -> Any:
+            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
+            if evaluated:
+                raise RuntimeError(
+                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
+                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
+                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
+                )
+            evaluated.append(True)
+            return loss
+
+        self._optimizer_step(step_call_idx, computed_loss)
+        self._window_open, self._window_loss = False, None
+
+    def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
+        if not self._in_drain_call or self._skip_backward:
+            return super()._make_zero_grad_fn(batch_idx, optimizer)
+
+        # Why: a drain call is a window of its own (the epoch's last batch closed the previous one), while Lightning
+        # zeroes only at a multiple of accumulate_grad_batches
+        def zero_grad_fn() -> None:
+            self._on_before_zero_grad(optimizer)
+            self._optimizer_zero_grad(batch_idx, optimizer)
+
+        return zero_grad_fn
 
 
 # ----------------------------------------------------------------------- [RFC 9] self.log's batch size

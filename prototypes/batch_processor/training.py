@@ -28,6 +28,7 @@ from prototypes.lightning_changes import (
     BatchCountingFitLoop,
     ConsumedBatchProgress,
     ManualOptimizationSeesStopIteration,
+    StepFirstAutomaticOptimization,
     loader_state_reader,
     supply_log_batch_size,
 )
@@ -48,8 +49,6 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._pulling_module: pl.LightningModule | None = None  # the module `_pulling` was decided for
         self._batches: LookAhead | None = None
         self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
-        self._window_open = False  # gradients accumulated since the last optimizer step
-        self._window_loss: Any = None
         self._last_step_consumed = 0
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
@@ -57,6 +56,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._undo_log_batch_size: Callable[[], None] | None = None
         self._no_progress = NoProgressGuard()
         self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
+        self.automatic_optimization = StepFirstAutomaticOptimization(trainer)
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
         self._step_stopped = False  # a StopIteration from dataloader_iter ended the last step call
         self._draining_now = False  # in a drain call: each is an accumulation window of its own
@@ -91,7 +91,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             return
         if self.batch_progress.current.ready == 0:  # not resuming mid-epoch: the restored counts stand otherwise
             self._step_calls = self._last_step_consumed = 0
-        self._window_open, self._window_loss = False, None
+        self.automatic_optimization.start_epoch()
         self._last_handed_out = (None, -1)
         self._no_progress = NoProgressGuard()
         # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
@@ -228,7 +228,9 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         try:
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
-                    return self._run_automatic(kwargs)
+                    return self.automatic_optimization.run_step_call(
+                        kwargs, self._step_calls - 1, self._draining_now, lambda: self._batches.exhausted
+                    )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
             if not self._batches.exhausted:
@@ -236,52 +238,12 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
             # window still get their step, as Lightning steps on an epoch's final batch
             self._step_stopped = True
-            if self._window_open:
-                self._step_optimizer()
+            if trainer.lightning_module.automatic_optimization:
+                self.automatic_optimization.close_window(self._step_calls - 1)
             return None
         finally:
             dataloader_iter.close()
             self._last_step_consumed = self.batch_progress.current.ready - consumed_before
-
-    def _run_automatic(self, kwargs: OrderedDict) -> dict:
-        # Lightning calls `optimizer.step(closure)` and runs the step inside it, deciding beforehand whether to
-        # step. Here the step runs first: only once it returns does the loop know whether it took the epoch's
-        # last batch (which closes the accumulation window), and a call cut short by StopIteration must not
-        # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
-        optimizer, batch_idx = self.trainer.optimizers[0], self._step_calls - 1
-        closure = self.automatic_optimization._make_closure(kwargs, optimizer, batch_idx)
-        if self._draining_now and batch_idx % self.trainer.accumulate_grad_batches:
-            # Why: every drain call is a window of its own (the epoch's last batch closed the previous one), but
-            # Lightning's closure zeroes the gradients only at a multiple of accumulate_grad_batches
-            self.automatic_optimization._on_before_zero_grad(optimizer)
-            self.automatic_optimization._optimizer_zero_grad(batch_idx, optimizer)
-        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
-        # Whether this call closes its window is known only after it ran, so every backward syncs: one
-        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
-        closure()
-        result = closure.consume_result()
-        self._window_open, self._window_loss = True, result.loss
-        if self.trainer.strategy.handles_gradient_accumulation or not self._should_accumulate():
-            self._step_optimizer()
-        return {} if result.loss is None else result.asdict()
-
-    def _step_optimizer(self) -> None:
-        loss, evaluated = self._window_loss, []
-
-        def computed_loss() -> Any:
-            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
-            if evaluated:
-                raise RuntimeError(
-                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
-                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
-                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
-                )
-            evaluated.append(True)
-            return loss
-
-        # optimizer hooks get the step-call index, as zero_grad does: accumulation counts step calls
-        self.automatic_optimization._optimizer_step(self._step_calls - 1, computed_loss)
-        self._window_open, self._window_loss = False, None
 
     # ---- checkpoints and resume
     def on_save_checkpoint(self) -> dict:

@@ -14,7 +14,6 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.evaluation_loop import _EvaluationLoop
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
-from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 
@@ -27,6 +26,7 @@ from prototypes.lightning_changes import (
     CountsConsumed,
     ManualOptimizationSeesStopIteration,
     PredictionWriterSeesStepCalls,
+    StepFirstAutomaticOptimization,
     StockProfilerActions,
     supply_log_batch_size,
 )
@@ -34,72 +34,31 @@ from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
 from prototypes.prefetcher.options import Options
 
 
-class _StepCallAutomaticOptimization(_AutomaticOptimization):
-    """Lightning's automatic optimisation; with the prefetching fetcher, accumulation windows count step calls."""
-
-    def __init__(self, trainer: pl.Trainer) -> None:
-        super().__init__(trainer)
-        self.window_loss: torch.Tensor | None = None  # a loss of the open accumulation window: backward ran, no step
+class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
+    """The shared step-first automatic optimisation, for step calls the prefetching fetcher hands an iterator to."""
 
     def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
         fetcher = self.trainer.fit_loop._data_fetcher
         if not isinstance(fetcher, _PrefetchingIterFetcher):
             return super().run(optimizer, batch_idx, kwargs)
-        strategy_accumulates = self.trainer.strategy.handles_gradient_accumulation
-        accumulating = not strategy_accumulates and self.trainer.fit_loop._should_accumulate()
+        step_call_idx = fetcher.call.index - 1
+
+        def data_ended() -> bool:
+            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
+            return fetcher.done  # Why after closing: between two calls `done` is the ranks' vote (C16)
+
         try:
-            outputs = self._drain_call(optimizer, batch_idx, kwargs) if fetcher.call.drain else super().run(
-                optimizer, batch_idx, kwargs
-            )
+            return self.run_step_call(kwargs, step_call_idx, fetcher.call.drain, data_ended)
         except StopIteration:
             fetcher.step_stopped()
-            # Why: the step's next() found the end of the data, aborting the closure (and with it the optimizer
-            # step, if this call was to take one): no backward ran, earlier calls' gradients are still pending.
-            # Returning lets Lightning's loop finish the call as usual (end hooks, batch counts).
-            outputs = {}
-        else:
-            if not accumulating:
-                self.window_loss = None
-            elif outputs.get("loss") is not None:
-                self.window_loss = outputs["loss"]
-        finally:
-            fetcher.close_step()  # the step returned: its dataloader_iter hands out nothing more
-        if self.window_loss is not None and fetcher.done:
-            # Why: Lightning steps on the epoch's final batch even mid-window, deciding before the step runs; only
-            # now is it known that this call took the last batch. The closure returns the loss already computed:
-            # mixed-precision plugins skip the step when it returns None.
+            # Why: the step's next() found the end of the data: no backward ran, earlier calls' gradients are still
+            # pending. Returning lets Lightning's loop finish the call as usual (end hooks, batch counts).
+            fetcher.close_step()
             self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
-            loss, self.window_loss = self.window_loss, None
-            self._optimizer_step(batch_idx, lambda: loss)
-        return outputs
-
-    def _drain_call(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> dict:
-        """A drain call (C17), a window of its own: the step runs first, and only a call that computed a loss
-        reaches the optimizer. Why: Lightning enters the `optimizer_step` hook (which a user may override) before
-        the step runs, so a drain call that only sees the end would run it and leave that trace."""
-        closure = self._make_closure(kwargs, optimizer, batch_idx)
-        closure()
-        result = closure.consume_result()
-        if result.loss is None:
+            self.close_window(step_call_idx)
             return {}
-        self._optimizer_step(batch_idx, lambda: result.loss)  # the mixed-precision plugins read the closure's loss
-        return result.asdict()
-
-    def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _PrefetchingIterFetcher) or self._skip_backward:
-            return super()._make_zero_grad_fn(batch_idx, optimizer)
-        # Why: Lightning zeroes when batch_idx % accumulate_grad_batches == 0; a step call here may consume any
-        # number of batches, so the window starts at every accumulate_grad_batches-th step call.
-        # A drain call is a window of its own: the epoch's last batch closed the previous one.
-        if (fetcher.call.index - 1) % self.trainer.accumulate_grad_batches != 0 and not fetcher.call.drain:
-            return None
-
-        def zero_grad_fn() -> None:
-            self._on_before_zero_grad(optimizer)
-            self._optimizer_zero_grad(batch_idx, optimizer)
-
-        return zero_grad_fn
+        finally:
+            fetcher.close_step()
 
 
 class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
@@ -140,7 +99,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
-        self.automatic_optimization.window_loss = None  # the new epoch's first step call zeroes the gradients
+        self.automatic_optimization.start_epoch()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)

@@ -166,8 +166,8 @@ def _forget_a_cut_short_calls_batches(self: Any, output: Any) -> Any:
 
 
 def _step_after_a_cut_short_call(self: Any, output: Any) -> Any:
-    if output is None:
-        self._step_optimizer()
+    if output is None and self.trainer.lightning_module.automatic_optimization:
+        self.automatic_optimization._optimizer_step(self._step_calls - 1, lambda: None)
     return output
 
 
@@ -292,8 +292,20 @@ def _drain_calls_forgetting_the_last_call(self: Any) -> Iterator[None]:
         self._draining = False  # the last drain call stays the fetcher's call: the last real call's count is lost
 
 
-def _drain_call_as_any_call(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
-    return _AutomaticOptimization.run(self, optimizer, batch_idx, kwargs)
+def _drain_call_as_any_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
+        fetcher = self.trainer.fit_loop._data_fetcher
+        if not isinstance(fetcher, _Fetcher) or not fetcher.call.drain:
+            return original(self, optimizer, batch_idx, kwargs)
+        try:  # Lightning's way: the optimizer_step hook is entered before the step runs
+            return _AutomaticOptimization.run(self, optimizer, batch_idx, kwargs)
+        except StopIteration:
+            fetcher.step_stopped()
+            return {}
+        finally:
+            fetcher.close_step()
+
+    return run
 
 
 def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -533,7 +545,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
     Defect("drain_call_enters_optimizer_step", "C18", "prefetcher",
            "enters the `optimizer_step` hook in a drain call before the step runs, even when it trains nothing",
-           (prefetch_loops._StepCallAutomaticOptimization, "_drain_call"), _instead(_drain_call_as_any_call),
+           (prefetch_loops._StepCallAutomaticOptimization, "run"), _drain_call_as_any_call,
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
     Defect("writer_gets_the_last_batchs_indices", "C18", "batch_processor",
            "gives a prediction writer the sample indices of a step call's last batch only",
