@@ -36,7 +36,6 @@ from prototypes.common import NoProgressGuard, end_of_data_vote_needed, every_ra
 
 
 # ----------------------------------------------------------------------- [RFC 1] progress counts batches
-# [RFC 1] batch progress counts the batches handed out
 class CountsConsumed:
     """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
 
@@ -313,7 +312,6 @@ class BatchCountingFitLoop(_FitLoop):
 
 
 # ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
-# [RFC 5] the optimizer step, or accumulation, decided after the step returns
 class StepFirstAutomaticOptimization(_AutomaticOptimization):
     """Lightning's automatic optimisation, with the optimizer step (or accumulation) decided after the step returns.
 
@@ -396,7 +394,6 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
 
 
 # ----------------------------------------------------------------------- [RFC 9] self.log's batch size
-# [RFC 9] self.log's batch size: the samples the step call consumed
 def supply_log_batch_size(
     module: pl.LightningModule, step_batches: Callable[[], list[Any] | None]
 ) -> Callable[[], None]:
