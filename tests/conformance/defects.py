@@ -171,6 +171,14 @@ def _step_after_a_cut_short_call(self: Any, output: Any) -> Any:
     return output
 
 
+def _skips_the_epochs_last_window(original: Callable[..., Any]) -> Callable[..., Any]:
+    def close_window(self: Any, step_call_idx: int) -> None:
+        if not self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:  # the final window is never stepped
+            original(self, step_call_idx)
+
+    return close_window
+
+
 def _complete_one_batch_per_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def increment_completed(self: Any) -> None:
         if not self.counts_consumed:
@@ -453,7 +461,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C09 + "test_accumulation_counts_step_calls",)),
     Defect("window_open_at_epoch_end", "C9", "batch_processor",
            "leaves the last accumulation window of an epoch without an optimizer step",
-           (_EpochLoop, "_should_accumulate"), _instead(lambda self: not self._accumulated_batches_reached()),
+           (lightning_changes.StepFirstAutomaticOptimization, "close_window"), _skips_the_epochs_last_window,
            (C09 + "test_accumulation_counts_step_calls",)),
     # C10 Logging
     Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
