@@ -22,18 +22,68 @@ from lightning_fabric.utilities.apply_func import move_data_to_device
 from lightning_fabric.utilities.types import _Stateful
 from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+from pytorch_lightning.loops.progress import _BatchProgress, _Progress
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.loops.utilities import _is_max_limit_reached
 from pytorch_lightning.trainer.states import RunningStage, TrainerFn
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
+from pytorch_lightning.utilities.data import extract_batch_size
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from prototypes.common import NoProgressGuard, end_of_data_vote_needed, every_rank_has_a_batch
 
 
-# ----------------------------------------------------------------------- [RFC 11] stock profiler action names
+# ----------------------------------------------------------------------- [RFC 1] progress counts batches
+class CountsConsumed:
+    """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
+
+    Lightning's loops increment ready and started before each step call and processed and completed after it. While
+    ``counts_consumed`` is set (a design sets it while the step pulls batches), ``count_consumed()`` counts ready and
+    started per batch handed out, and the per-call ``increment_processed`` / ``increment_completed`` only bring
+    processed and completed up to that count; otherwise this is Lightning's class. ``counts_consumed`` is not a
+    dataclass field: a checkpoint holds exactly the fields stock Lightning's class has.
+    """
+
+    counts_consumed = False
+    total: Any
+    current: Any
+
+    def count_consumed(self) -> None:
+        super().increment_ready()  # type: ignore[misc]
+        super().increment_started()  # type: ignore[misc]
+
+    def increment_ready(self) -> None:
+        if not self.counts_consumed:
+            super().increment_ready()  # type: ignore[misc]
+
+    def increment_started(self) -> None:
+        if not self.counts_consumed:
+            super().increment_started()  # type: ignore[misc]
+
+    def increment_processed(self) -> None:
+        if not self.counts_consumed:
+            return super().increment_processed()  # type: ignore[misc]
+        self.total.processed, self.current.processed = self.total.started, self.current.started
+
+    def increment_completed(self) -> None:
+        if not self.counts_consumed:
+            return super().increment_completed()  # type: ignore[misc]
+        self.total.completed, self.current.completed = self.total.processed, self.current.processed
+
+
+class ConsumedBatchProgress(CountsConsumed, _BatchProgress):
+    """The training and evaluation loops' ``_BatchProgress``, counting consumed batches."""
+
+
+class ConsumedProgress(CountsConsumed, _Progress):
+    """The prediction loop's ``_Progress`` (it has no ``is_last_batch`` field), counting consumed batches."""
+
+
+# [RFC 11] stock profiler action names
 class StockProfilerActions:
-    """Loop subclasses that profile fetches under stock Lightning's action names ([RFC 11])."""
+    """Loop subclasses that profile fetches under stock Lightning's action names."""
 
     trainer: pl.Trainer
 
@@ -103,6 +153,12 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             return  # every rank's data ends at the same step call: before it there is nothing to agree on
         if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
             self._drain_held_batches()
+
+    # [RFC 8] the end-of-data vote, where this epoch's loaders need it
+    def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
+        """The ranks' end-of-data vote (``every_rank_has_a_batch``) when ``_ranks_vote_every_step()``; otherwise
+        every rank's data ends at the same step call, and this rank's ``has_batch`` is the answer."""
+        return every_rank_has_a_batch(self.trainer, has_batch) if self._ranks_vote_every_step() else has_batch
 
     def _ranks_vote_every_step(self) -> bool:
         """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
@@ -254,12 +310,6 @@ def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], 
     return combined_loader._state_dicts
 
 
-# [RFC 6]
-def loader_states(combined_loader: CombinedLoader | None) -> list[dict] | None:
-    """The loaders' state now, or None when no loader can be resumed (only stateful loaders are checkpointed)."""
-    return loader_state_reader(combined_loader)()
-
-
 class BatchCountingFitLoop(_FitLoop):
     """Lightning's fit loop, changed where it assumes one batch per step call. ``epoch_loop`` is a
     :class:`BatchCountingEpochLoop`; a design says what its loaders' state was as of the batches handed out."""
@@ -294,23 +344,121 @@ class BatchCountingFitLoop(_FitLoop):
         return super().batch_idx
 
 
-# ----------------------------------------------------------------------- [RFC 9] self.log's batch size
-def supply_log_batch_size(module: pl.LightningModule, step_batch_size: Callable[[], int | None]) -> Callable[[], None]:
-    """Shadow ``module.log`` so that in training ``batch_size`` defaults to ``step_batch_size()``; returns the undo.
+# ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
+class StepFirstAutomaticOptimization(_AutomaticOptimization):
+    """Lightning's automatic optimisation, with the optimizer step (or accumulation) decided after the step returns.
 
-    Why on the instance: ``LightningModule.log`` refuses the flavour without ``batch_size=`` (a guard for stock
-    Lightning, which cannot know it). The loop knows; Lightning proper would drop the guard and infer the size in the
-    loop. When ``step_batch_size()`` is None (no size can be inferred) the guard's own error still asks for it.
+    Lightning calls ``optimizer.step(closure)`` and runs the step inside it, deciding beforehand whether to step.
+    When the step pulls its batches, only its return tells whether it took the epoch's last batch (which closes the
+    accumulation window), and a call cut short by StopIteration must not reach ``optimizer.step`` at all. Here
+    Lightning's closure (step, zero_grad, backward) runs first; then the optimizer steps with the loss already
+    computed, or the window stays open. The step call's index in the epoch stands in for ``batch_idx``: windows and
+    the optimizer hooks count step calls (C9). A drain call (C17) is a window of its own, and one that computed no
+    loss reaches no optimizer hook. ``run`` stays Lightning's, for the regular flavour.
+    """
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        super().__init__(trainer)
+        self._window_open = False  # gradients accumulated since the last optimizer step
+        self._window_loss: torch.Tensor | None = None  # the loss of the window's last call
+        self._in_drain_call = False
+
+    def start_epoch(self) -> None:
+        """The epoch's first step call starts a window."""
+        self._window_open, self._window_loss = False, None
+
+    def run_step_call(self, kwargs: Any, step_call_idx: int, drain: bool, data_ended: Callable[[], bool]) -> dict:
+        """One step call; ``data_ended()``, asked once the step returned, says whether it took the epoch's last batch.
+
+        A StopIteration from the step propagates (no backward ran): the design tells the end of the data from a stray
+        one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
+        """
+        trainer, optimizer = self.trainer, self.trainer.optimizers[0]
+        self._in_drain_call = drain
+        try:
+            closure = self._make_closure(kwargs, optimizer, step_call_idx)
+        finally:
+            self._in_drain_call = False
+        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
+        # Whether this call closes its window is known only after it ran, so every backward syncs: one
+        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
+        closure()
+        result = closure.consume_result()
+        if drain and result.loss is None:
+            return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
+        self._window_open, self._window_loss = True, result.loss
+        if data_ended():
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+        if trainer.strategy.handles_gradient_accumulation or not trainer.fit_loop._should_accumulate():
+            self.close_window(step_call_idx)
+        return {} if result.loss is None else result.asdict()
+
+    def close_window(self, step_call_idx: int) -> None:
+        """Step the optimizer for the open window with the loss its last call computed; nothing if none is open."""
+        if not self._window_open:
+            return
+        loss, evaluated = self._window_loss, []
+
+        def computed_loss() -> Any:
+            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
+            if evaluated:
+                raise RuntimeError(
+                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
+                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
+                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
+                )
+            evaluated.append(True)
+            return loss
+
+        self._optimizer_step(step_call_idx, computed_loss)
+        self._window_open, self._window_loss = False, None
+
+    def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
+        if not self._in_drain_call or self._skip_backward:
+            return super()._make_zero_grad_fn(batch_idx, optimizer)
+
+        # Why: a drain call is a window of its own (the epoch's last batch closed the previous one), while Lightning
+        # zeroes only at a multiple of accumulate_grad_batches
+        def zero_grad_fn() -> None:
+            self._on_before_zero_grad(optimizer)
+            self._optimizer_zero_grad(batch_idx, optimizer)
+
+        return zero_grad_fn
+
+
+# ----------------------------------------------------------------------- [RFC 9] self.log's batch size
+def supply_log_batch_size(
+    module: pl.LightningModule, step_batches: Callable[[], list[Any] | None]
+) -> Callable[[], None]:
+    """Shadow ``module.log`` so that in training ``batch_size`` defaults to the samples in ``step_batches()``;
+    returns the undo.
+
+    ``step_batches()`` is the loop's answer for the running step call: the batches it consumed so far, or, before its
+    first ``next()``, the batch it will get (none in a drain call); None when the loop cannot tell. The size is their samples summed, 1 (Lightning's
+    fallback) for no batch, and None when a batch's size cannot be inferred: then the guard's own error asks for
+    ``batch_size=``. Why on the instance: ``LightningModule.log`` refuses the flavour without ``batch_size=`` (a
+    guard for stock Lightning, which cannot know it). The loop knows; Lightning proper would drop the guard and infer
+    the size in the loop.
     """
 
     def log(*args: Any, **kwargs: Any) -> None:
         bound = _LOG_SIGNATURE.bind(module, *args, **kwargs)
         if bound.arguments.get("batch_size") is None and module.trainer.training:
-            bound.arguments["batch_size"] = step_batch_size()
+            bound.arguments["batch_size"] = samples_in(step_batches())
         return pl.LightningModule.log(*bound.args, **bound.kwargs)
 
     module.log = log
     return lambda: module.__dict__.pop("log", None)
+
+
+def samples_in(batches: list[Any] | None) -> int | None:
+    """The samples in ``batches`` (1 if there are none, Lightning's fallback); None if a size cannot be inferred."""
+    if batches is None:
+        return None
+    try:
+        return sum(extract_batch_size(batch) for batch in batches) or 1
+    except MisconfigurationException:
+        return None
 
 
 _LOG_SIGNATURE = inspect.signature(pl.LightningModule.log)

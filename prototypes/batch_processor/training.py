@@ -14,14 +14,11 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.fetchers import _DataFetcher
 from pytorch_lightning.trainer import call
-from pytorch_lightning.utilities.data import extract_batch_size
-from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     NoProgressGuard,
-    every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
     transfer_batch,
@@ -29,8 +26,10 @@ from prototypes.common import (
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
+    ConsumedBatchProgress,
     ManualOptimizationSeesStopIteration,
-    loader_states,
+    StepFirstAutomaticOptimization,
+    loader_state_reader,
     supply_log_batch_size,
 )
 
@@ -45,18 +44,19 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
 
     def __init__(self, trainer: pl.Trainer, min_steps: int | None = None, max_steps: int = -1) -> None:
         super().__init__(trainer, min_steps=min_steps, max_steps=max_steps)
+        self.batch_progress = ConsumedBatchProgress()
         self._pulling = False
         self._pulling_module: pl.LightningModule | None = None  # the module `_pulling` was decided for
         self._batches: LookAhead | None = None
         self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
-        self._window_open = False  # gradients accumulated since the last optimizer step
-        self._window_loss: Any = None
         self._last_step_consumed = 0
         self._last_handed_out: tuple[Any, int] = (None, -1)
         self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
+        self._upcoming_batch: Any = None  # the batch the running step call will get first (None in a drain call)
         self._undo_log_batch_size: Callable[[], None] | None = None
         self._no_progress = NoProgressGuard()
         self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
+        self.automatic_optimization = StepFirstAutomaticOptimization(trainer)
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
         self._step_stopped = False  # a StopIteration from dataloader_iter ended the last step call
         self._draining_now = False  # in a drain call: each is an accumulation window of its own
@@ -64,10 +64,11 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
         self._pulling_module, self._pulling = self.trainer.lightning_module, takes_dataloader_iter(step)
+        self.batch_progress.counts_consumed = self._pulling
         if self._pulling:
             refuse_mixed_step_signature(step, "training_step")  # before on_run_start fetches a batch
             if self._undo_log_batch_size is None:  # `run` is called once per epoch
-                self._undo_log_batch_size = supply_log_batch_size(self.trainer.lightning_module, self._step_batch_size)
+                self._undo_log_batch_size = supply_log_batch_size(self.trainer.lightning_module, self._log_batches)
         super().run(data_fetcher)
 
     def _steps_pull_batches(self) -> bool:
@@ -75,6 +76,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         module = self.trainer.lightning_module
         if module is not None and module is not self._pulling_module:
             self._pulling_module, self._pulling = module, takes_dataloader_iter(module.training_step)
+            self.batch_progress.counts_consumed = self._pulling
         return self._pulling
 
     def _step_calls_this_epoch(self) -> int:
@@ -89,15 +91,16 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             return
         if self.batch_progress.current.ready == 0:  # not resuming mid-epoch: the restored counts stand otherwise
             self._step_calls = self._last_step_consumed = 0
-        self._window_open, self._window_loss = False, None
+        self.automatic_optimization.start_epoch()
         self._last_handed_out = (None, -1)
         self._no_progress = NoProgressGuard()
-        combined_loader = self.trainer.fit_loop._combined_loader
-        self._stateful_loaders = loader_states(combined_loader) is not None
-        snapshot = partial(loader_states, combined_loader) if self._stateful_loaders else None
+        # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
+        read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
+        self._stateful_loaders = read_loader_states() is not None
+        snapshot = read_loader_states if self._stateful_loaders else None
         self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(transfer_batch, self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
-        self.batch_progress.is_last_batch = not every_rank_has_a_batch(self.trainer, not self._batches.exhausted)
+        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not self._batches.exhausted)
 
     def _fetch(self, data_fetcher: _DataFetcher) -> StepItem:
         if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
@@ -118,20 +121,18 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch, _, dataloader_idx = item
         # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
         batch_idx = self.batch_progress.current.ready
-        self.batch_progress.increment_ready()
-        self.batch_progress.increment_started()
+        self.batch_progress.count_consumed()
         self.batch_progress.is_last_batch = self._batches.exhausted
         self._last_handed_out = (batch, batch_idx)
         self._step_batches.append(batch)
         return batch, batch_idx, dataloader_idx
 
-    # [RFC 9]
-    def _step_batch_size(self) -> int | None:
-        """Samples the running step consumed (1 if none, Lightning's fallback); None if a size cannot be inferred."""
-        try:
-            return sum(extract_batch_size(batch) for batch in self._step_batches) or 1
-        except MisconfigurationException:
-            return None
+    def _log_batches(self) -> list[Any]:
+        """What ``self.log``'s batch size counts: the batches the running step consumed, or before its first next()
+        the batch it will get (a drain call gets none)."""
+        if self._step_batches or self._upcoming_batch is None:
+            return self._step_batches
+        return [self._upcoming_batch]
 
     def teardown(self) -> None:
         # Lightning tears down after every fit, failed ones included
@@ -163,7 +164,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch, _, _ = self._batches.peek()  # `done` was False, so a batch (or its fetch error) is there
         batch_idx = self.batch_progress.current.ready
         trainer._logger_connector.on_batch_start(batch)
-        self._step_batches = []
+        self._step_batches, self._upcoming_batch = [], batch
         self._step_calls += 1  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
         call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
         response = call._call_lightning_module_hook(trainer, "on_train_batch_start", batch, batch_idx)
@@ -176,10 +177,11 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch_output = self._run_step()
         self._no_progress.step_returned(self._last_step_consumed)
 
-        # Why vote (one all-reduce per step call): a rank whose shard ran out must not stop alone while its peers
-        # enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers drops its rest
+        # Why vote (one all-reduce per step call, where the loaders need it): a rank whose shard ran out must not stop
+        # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers
+        # drops its rest
         has_batch = not self._batches.exhausted
-        self.batch_progress.is_last_batch = not every_rank_has_a_batch(trainer, has_batch)
+        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(has_batch)
         if has_batch and self.batch_progress.is_last_batch:
             warnings.warn(
                 f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
@@ -187,8 +189,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             )
             # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
             self._batches.drop_rest()
-        for _ in range(self._last_step_consumed):
-            self.batch_progress.increment_processed()
+        self.batch_progress.increment_processed()  # up to the batches handed out (`ConsumedBatchProgress`)
         self.update_lr_schedulers("step", update_plateau_schedulers=False)
         if self._num_ready_batches_reached():
             self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
@@ -197,8 +198,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         call._call_callback_hooks(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
         call._call_lightning_module_hook(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
         trainer._logger_connector.on_batch_end()
-        for _ in range(self._last_step_consumed):
-            self.batch_progress.increment_completed()
+        self.batch_progress.increment_completed()
         trainer._logger_connector.update_train_step_metrics()
 
         self._drain_if_the_data_ended(self._step_stopped)
@@ -213,7 +213,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self._last_step_consumed, self._draining_now = consumed, False
 
     def _run_drain_call(self) -> tuple[bool, Any]:
-        self._step_batches = []
+        self._step_batches, self._upcoming_batch = [], None
         self._step_calls += 1
         outputs = self._run_step()
         return self._step_stopped, outputs
@@ -229,7 +229,9 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         try:
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
-                    return self._run_automatic(kwargs)
+                    return self.automatic_optimization.run_step_call(
+                        kwargs, self._step_calls - 1, self._draining_now, lambda: self._batches.exhausted
+                    )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
             if not self._batches.exhausted:
@@ -237,53 +239,12 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
             # window still get their step, as Lightning steps on an epoch's final batch
             self._step_stopped = True
-            if self._window_open:
-                self._step_optimizer()
+            if trainer.lightning_module.automatic_optimization:
+                self.automatic_optimization.close_window(self._step_calls - 1)
             return None
         finally:
             dataloader_iter.close()
             self._last_step_consumed = self.batch_progress.current.ready - consumed_before
-
-    # [RFC 5]
-    def _run_automatic(self, kwargs: OrderedDict) -> dict:
-        # Lightning calls `optimizer.step(closure)` and runs the step inside it, deciding beforehand whether to
-        # step. Here the step runs first: only once it returns does the loop know whether it took the epoch's
-        # last batch (which closes the accumulation window), and a call cut short by StopIteration must not
-        # reach `optimizer.step` at all. Backward and zero_grad stay inside Lightning's closure.
-        optimizer, batch_idx = self.trainer.optimizers[0], self._step_calls - 1
-        closure = self.automatic_optimization._make_closure(kwargs, optimizer, batch_idx)
-        if self._draining_now and batch_idx % self.trainer.accumulate_grad_batches:
-            # Why: every drain call is a window of its own (the epoch's last batch closed the previous one), but
-            # Lightning's closure zeroes the gradients only at a multiple of accumulate_grad_batches
-            self.automatic_optimization._on_before_zero_grad(optimizer)
-            self.automatic_optimization._optimizer_zero_grad(batch_idx, optimizer)
-        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
-        # Whether this call closes its window is known only after it ran, so every backward syncs: one
-        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
-        closure()
-        result = closure.consume_result()
-        self._window_open, self._window_loss = True, result.loss
-        if self.trainer.strategy.handles_gradient_accumulation or not self._should_accumulate():
-            self._step_optimizer()
-        return {} if result.loss is None else result.asdict()
-
-    def _step_optimizer(self) -> None:
-        loss, evaluated = self._window_loss, []
-
-        def computed_loss() -> Any:
-            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
-            if evaluated:
-                raise RuntimeError(
-                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
-                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
-                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
-                )
-            evaluated.append(True)
-            return loss
-
-        # optimizer hooks get the step-call index, as zero_grad does: accumulation counts step calls
-        self.automatic_optimization._optimizer_step(self._step_calls - 1, computed_loss)
-        self._window_open, self._window_loss = False, None
 
     # ---- checkpoints and resume
     # [RFC 16] the flavour's own entries, for that module only
@@ -305,13 +266,6 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def loader_states_consumed(self) -> list[dict] | None:
         """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
         return self._batches.consumed_state if self._pulling and self._batches is not None else None
-
-    def reset(self) -> None:
-        if self.restarted_on_train_batch_end:
-            # Lightning's reset completes the one batch of that call; complete the others it consumed first
-            while self.batch_progress.total.completed < self.batch_progress.total.processed - 1:
-                self.batch_progress.increment_completed()
-        super().reset()
 
 
 class IteratorFitLoop(BatchCountingFitLoop):

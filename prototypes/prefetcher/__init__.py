@@ -40,12 +40,12 @@ import pytorch_lightning as pl
 from prototypes.common import Design
 from prototypes.lightning_changes import install_loops
 from prototypes.prefetcher.loops import (
-    _Options,
     _PrefetchingEpochLoop,
     _PrefetchingEvaluationLoop,
     _PrefetchingFitLoop,
     _PrefetchingPredictionLoop,
 )
+from prototypes.prefetcher.options import Options
 from prototypes.prefetcher.queue import AUTO
 
 
@@ -53,7 +53,7 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, trans
     if depth != AUTO and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work) or {AUTO!r} (decide"
                          f" per epoch), got {depth!r}")
-    trainer, options = pl.Trainer(**trainer_kwargs), _Options(depth, transfer_ahead)
+    trainer, options = pl.Trainer(**trainer_kwargs), Options(depth, transfer_ahead)
     loops = _PrefetchingFitLoop, _PrefetchingEpochLoop, _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
     return install_loops(trainer, *loops, options=options)
 

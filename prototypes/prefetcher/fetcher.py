@@ -1,19 +1,36 @@
 """The data fetcher: keeps batches in flight on a :class:`~prototypes.prefetcher.queue.Prefetcher` and hands them
-to one step call at a time, counting what the step consumed."""
+to one step call at a time, counting what the step consumed.
+
+The prefetcher's three modules and what crosses between them:
+
+- ``queue.Prefetcher`` owns the background thread and the bound on batches in flight. It knows nothing of
+  Lightning: the fetcher gives it a ``produce()`` callable and takes results with ``get()`` / ``release()``.
+- This module's fetcher owns the loader iterator, the batch peeked ahead, the loader state of the consumed batches
+  and the record of the running step call (:class:`StepCall`). It is built from what it needs: the trainer, the
+  design's :class:`~prototypes.prefetcher.options.Options`, the step's name and the batch progress it counts consumed
+  batches in (``lightning_changes.CountsConsumed``); it imports no loop.
+- ``loops`` installs the fetcher and runs the step calls. What the loops use of a fetcher is its public interface:
+  Lightning's fetcher protocol (``iter``/``next``/``done``, ``setup``, ``reset``, ``teardown``), ``adopt()`` for
+  an evaluation loop's started fetcher, ``call`` (the running or last step call, read-only to the loops),
+  ``start_drain_call()`` and ``drain_calls()`` for drain calls, ``step_stopped()`` and ``end_step_call()`` around a
+  step, ``step_batches()`` for ``self.log``, ``loader_states`` for checkpoints, and ``stop()``.
+"""
 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
+import pytorch_lightning as pl
 import torch
 from lightning_fabric.utilities.data import sized_len
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
-from pytorch_lightning.utilities.data import extract_batch_size
 
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
@@ -23,11 +40,29 @@ from prototypes.common import (
     every_rank_has_a_batch,
     transfer_batch,
 )
-from prototypes.lightning_changes import loader_state_reader
+from prototypes.lightning_changes import CountsConsumed, loader_state_reader
+from prototypes.prefetcher.options import Options
 from prototypes.prefetcher.queue import Prefetcher
 
-if TYPE_CHECKING:  # the loops import this module
-    from prototypes.prefetcher.loops import _InstallsPrefetchingFetcher
+
+@dataclass
+class StepCall:
+    """One step call as the fetcher saw it. The fetcher writes it; the loops only read it.
+
+    ``index`` counts the epoch's step calls up to this one, drain calls included (gradient accumulation counts step
+    calls). ``batches`` and ``batch_indices`` are what the call consumed, in order; ``cut_short``: the call ended in
+    the StopIteration of its dataloader's end; ``drain``: a drain call (C17), which finds no batch left.
+    """
+
+    index: int = 0
+    drain: bool = False
+    batches: list[Any] = field(default_factory=list)
+    batch_indices: list[int] = field(default_factory=list)
+    cut_short: bool = False
+
+    @property
+    def consumed(self) -> int:
+        return len(self.batch_indices)
 
 
 class _Produced(NamedTuple):
@@ -63,30 +98,28 @@ class _StepIterator(StepIterator):
 
 
 class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
-    """Keeps up to ``depth`` batches in flight and hands them to the step through a ``_StepIterator``.
+    """Keeps up to ``options.depth`` batches in flight and hands them to the step through a ``_StepIterator``.
 
     Lightning's loop reads ``_batch``/``_batch_idx`` before the step (for ``on_train_batch_start``) and after it (for
     ``on_train_batch_end``), and ``done`` for ``is_last_batch``: here they describe the next batch to be consumed
-    (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches.
+    (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches, and so does
+    ``progress`` (``count_consumed()``).
     """
 
-    def __init__(self, loop: _InstallsPrefetchingFetcher) -> None:
+    def __init__(self, trainer: pl.Trainer, options: Options, hook_name: str, progress: CountsConsumed) -> None:
         super().__init__()
-        self.trainer = loop.trainer
-        self.options = loop.options
-        self.hook_name = loop.step_name
-        self.progress = loop.counted_progress
-        self.depth = loop.options.depth
-        self.transfer_ahead = loop.options.transfer_ahead
-        self.copy_stream = loop.options.side_stream(self.trainer)  # None off CUDA / without background transfer
+        self.trainer = trainer
+        self.options = options
+        self.hook_name = hook_name
+        self.progress = progress
+        self.depth = options.depth
+        self.transfer_ahead = options.transfer_ahead
+        self.copy_stream = options.side_stream(trainer)  # None off CUDA / without background transfer
         self.prefetcher: Prefetcher | None = None
-        self.step_calls = 0  # step calls this epoch: what gradient accumulation counts
-        self.consumed_in_step = 0
-        self.cut_short = False  # the current step call ended in the StopIteration of its dataloader's end
-        self.draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
+        self.call = StepCall()  # the running step call, or the last one
+        self._draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
         self.no_progress = NoProgressGuard(self.hook_name)
-        self.step_batches: list[Any] = []  # what the current step call consumed: `self.log` infers batch_size from it
-        self.step_batch_indices: list[int] = []  # and their batch_idx: a prediction writer's indices come from them
+        self._loader_states: list[dict] | None = None  # state matching the consumed batches
         self._call_open = False  # a step call is running; a batch taken between calls counts toward the next call
         self._taken_between_calls: list[tuple[Any, int]] = []  # (batch, batch_idx) a pipeline's thread took meanwhile
         # Why a lock: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the iterator
@@ -94,13 +127,27 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._lock = threading.RLock()
         # the evaluation loops' drain calls at the end of a dataloader (C17); None in training, which drains in its loop
         self.drain_dataloader: Callable[[int], None] | None = None
-        self.loader_states: list[dict] | None = None  # state matching the consumed batches
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._voted_before_call: int | None = None  # the step call the ranks last agreed to start
         self._ended_on_every_rank = False
         self._ranks_vote = True  # whether the ranks vote on the end of data; decided per epoch (_begin)
         self._step_iterator: _StepIterator | None = None
         self._thread_records_on_profiler = False  # this fetcher's prefetch thread may record the transfer hooks
+
+    @property
+    def loader_states(self) -> list[dict] | None:
+        """The loaders' state as of the batches consumed: what a checkpoint records."""
+        return self._loader_states
+
+    @property
+    def batch_idx(self) -> int:
+        """The ``batch_idx`` of the next batch to be consumed before a step call, of the last one consumed after it."""
+        return self._batch_idx
+
+    @property
+    def dataloader_idx(self) -> int:
+        """The dataloader of the next batch to be consumed before a step call, of the last one consumed after it."""
+        return self._dataloader_idx
 
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
     @property
@@ -133,7 +180,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._resumed_at = 0
         self._read_loader_states = loader_state_reader(self._combined_loader)
         self._ranks_vote = end_of_data_vote_needed(self.trainer, self._combined_loader.flattened)
-        self.loader_states = self._read_loader_states()
+        self._loader_states = self._read_loader_states()
         self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
         self._thread_records_on_profiler = bool(self.depth) and self.transfer_ahead
         if self._thread_records_on_profiler:
@@ -147,7 +194,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         ended = self._step_iterator
         if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
             ended = None
-        if ended is not None and self.drain_dataloader is not None and not self.cut_short:
+        if ended is not None and self.drain_dataloader is not None and not self.call.cut_short:
             # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
             # the calls, after any earlier check; this is the last point before the loop moves on
             self.drain_dataloader(ended.dataloader_idx)
@@ -155,27 +202,45 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             head = self._peek_on_every_rank()
         if head is None:
             raise StopIteration
-        if self.step_calls:
-            self.no_progress.step_returned(self.consumed_in_step)  # of the previous call
+        if self.call.index:
+            self.no_progress.step_returned(self.call.consumed)  # of the previous call
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
-        return self.start_step_call()
+        return self._start_step_call()
 
-    def start_step_call(self) -> _StepIterator:
-        """The iterator for a new step call: the one of the current dataloader, made when the loop reaches it (C14 a);
-        called directly for a drain call, which finds no batch left."""
+    def _start_step_call(self) -> _StepIterator:
+        """The iterator for a new step call: the one of the current dataloader, made when the loop reaches it (C14 a).
+        Batches a pipeline's thread took since the previous call count toward this one."""
         with self._lock:
             iterator = self._step_iterator
             if iterator is None or iterator.dataloader_idx != self._dataloader_idx:
                 self._close_iterator()  # the loop over the previous dataloader ended
                 iterator = self._step_iterator = _StepIterator(self, self._dataloader_idx)
-            self.step_calls += 1
-            self.cut_short = False
-            self.step_batches = [batch for batch, _ in self._taken_between_calls]
-            self.step_batch_indices = [batch_idx for _, batch_idx in self._taken_between_calls]
-            self.consumed_in_step = len(self._taken_between_calls)
-            self._taken_between_calls = []
+            taken, self._taken_between_calls = self._taken_between_calls, []
+            self.call = StepCall(
+                index=self.call.index + 1,
+                drain=self._draining,
+                batches=[batch for batch, _ in taken],
+                batch_indices=[batch_idx for _, batch_idx in taken],
+            )
             self._call_open = True
         return iterator
+
+    def start_drain_call(self) -> _StepIterator:
+        """A drain call's iterator (inside ``drain_calls()``): it finds no batch left."""
+        assert self._draining, "a drain call starts inside drain_calls()"
+        return self._start_step_call()
+
+    @contextlib.contextmanager
+    def drain_calls(self) -> Iterator[None]:
+        """While the loop makes drain calls (C17). Afterwards ``call`` is again the call that took the epoch's last
+        batch: the validation interval and a checkpoint look at its batches, not a drain call's."""
+        last, self._draining = self.call, True
+        try:
+            yield
+        finally:
+            index, self._draining = self.call.index, False
+            self.call = last
+            self.call.index = index  # the drain calls were step calls too
 
     def end_step_call(self) -> None:
         """The step call returned; its iterator stays valid until the loop over its dataloader ends."""
@@ -197,12 +262,11 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             head, self._head = self._head, None
             self.prefetcher.release()
             self.fetched += 1
-            self.loader_states = head.loader_states
+            self._loader_states = head.loader_states
             if self._call_open:
-                self.consumed_in_step += 1
                 self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
-                self.step_batches.append(head.batch)
-                self.step_batch_indices.append(head.batch_idx)
+                self.call.batches.append(head.batch)
+                self.call.batch_indices.append(head.batch_idx)
             else:
                 self._taken_between_calls.append((head.batch, head.batch_idx))
             self.progress.count_consumed()
@@ -212,20 +276,19 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """The step call raised StopIteration: at its dataloader's end that ends the call; elsewhere it is an error."""
         if self._step_iterator is not None and not self._step_iterator.done:
             raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=self.hook_name)) from None
-        self.cut_short = True
+        self.call.cut_short = True
 
     def _close_iterator(self) -> None:
         if self._step_iterator is not None:
             self._step_iterator.close()
             self._step_iterator = None
 
-    # [RFC 9]
-    def step_batch_size(self) -> int:
-        """Samples the current step call consumed (before its first next(): the batch it will get; a drain call gets
-        none, so 1, Lightning's fallback)."""
-        will_get = [self._batch] if self._batch is not None and not self.draining else []
-        batches = self.step_batches or will_get
-        return sum(extract_batch_size(batch) for batch in batches) if batches else 1
+    def step_batches(self) -> list[Any]:
+        """What ``self.log``'s batch size counts: the batches the current step call consumed, or before its first
+        next() the batch it will get (a drain call gets none)."""
+        if self.call.batches or self.call.drain or self._batch is None:
+            return self.call.batches
+        return [self._batch]
 
     def _peek_on_every_rank(self) -> _Produced | None:
         """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
@@ -242,9 +305,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 return None
             head = self._peek()
             inside_a_call = self._call_open
-            if not self._ranks_vote or inside_a_call or self._voted_before_call == self.step_calls:
+            if not self._ranks_vote or inside_a_call or self._voted_before_call == self.call.index:
                 return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
-            self._voted_before_call = self.step_calls
+            self._voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
                 return head
             self._head, self._exhausted, self._ended_on_every_rank = None, True, True
@@ -267,7 +330,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         except _LoaderExhausted as end:
             self._exhausted = True
             if end.loader_states is not None:  # Why: nothing unconsumed is left: resume from the exhausted state
-                self.loader_states = end.loader_states
+                self._loader_states = end.loader_states
             return None
         finally:
             if profiled:
@@ -343,7 +406,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
 
     def reset(self) -> None:
         super().reset()
-        self.step_calls = self.consumed_in_step = 0
+        self.call = StepCall()
         self.no_progress = NoProgressGuard(self.hook_name)
         self._voted_before_call, self._ended_on_every_rank = None, False
 

@@ -6,7 +6,7 @@ fail. ``defect.applied()`` registers the broken design as ``defect_<name>`` and 
 duration of a run; nothing is edited on disk. Adding a defect::
 
     Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
-           (_Fetcher, "step_batch_size"), _instead(lambda self: len(self.step_batches) or 1),
+           (lightning_changes, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED)
 
 ``broken`` receives the original attribute and returns its replacement. ``select`` is a ``-k`` expression that
@@ -33,8 +33,10 @@ from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
 import prototypes.common as common
+from prototypes import lightning_changes
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
+from prototypes.prefetcher import options as prefetch_options
 from prototypes.prefetcher import queue as prefetch_queue
 from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
@@ -144,31 +146,47 @@ def _counts_the_batch_held_back_on_minus_one(original: Callable[..., Any]) -> Ca
         try:
             original(self, data_fetcher)
         except StopIteration:  # with a pulling step, advance raises it only for -1 from on_train_batch_start
-            if self._steps_pull_batches:
+            if self._steps_pull_batches():
                 progress = self.batch_progress
-                for increment in (progress.increment_ready, progress.increment_started,
-                                  progress.increment_processed, progress.increment_completed):
-                    increment()
+                progress.count_consumed()
+                progress.increment_processed()
+                progress.increment_completed()
             raise
 
     return advance
 
 
 def _forget_a_cut_short_calls_batches(self: Any, output: Any) -> Any:
-    if output is None:  # the call was cut short by StopIteration
+    if output is None:  # the call was cut short by StopIteration: take back the batches it counted
+        for counts in (self.batch_progress.total, self.batch_progress.current):
+            counts.ready -= self._last_step_consumed
+            counts.started -= self._last_step_consumed
         self._last_step_consumed = 0
     return output
 
 
 def _step_after_a_cut_short_call(self: Any, output: Any) -> Any:
-    if output is None:
-        self._step_optimizer()
+    if output is None and self.trainer.lightning_module.automatic_optimization:
+        self.automatic_optimization._optimizer_step(self._step_calls - 1, lambda: None)
     return output
 
 
-def _complete_one_batch_per_call(self: Any, output: Any) -> Any:
-    self._last_step_consumed = min(self._last_step_consumed, 1)
-    return output
+def _skips_the_epochs_last_window(original: Callable[..., Any]) -> Callable[..., Any]:
+    def close_window(self: Any, step_call_idx: int) -> None:
+        if not self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:  # the final window is never stepped
+            original(self, step_call_idx)
+
+    return close_window
+
+
+def _complete_one_batch_per_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def increment_completed(self: Any) -> None:
+        if not self.counts_consumed:
+            return original(self)
+        for counts in (self.total, self.current):  # as Lightning's own class does, whatever the call consumed
+            counts.completed = min(counts.processed, counts.completed + 1)
+
+    return increment_completed
 
 
 def _saves_step_calls_for_every_module(self: Any) -> dict:
@@ -274,17 +292,28 @@ def _drain_call_logging_every_call(self: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _draining_forgetting_the_last_call(self: Any) -> Iterator[None]:
-    fetcher = self._prefetching()
-    fetcher.draining = True
+def _drain_calls_forgetting_the_last_call(self: Any) -> Iterator[None]:
+    self._draining = True
     try:
         yield
     finally:
-        fetcher.draining = False  # the drain calls' batch count (none) stays: the last call's is lost
+        self._draining = False  # the last drain call stays the fetcher's call: the last real call's count is lost
 
 
-def _drain_call_as_any_call(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
-    return _AutomaticOptimization.run(self, optimizer, batch_idx, kwargs)
+def _drain_call_as_any_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
+        fetcher = self.trainer.fit_loop._data_fetcher
+        if not isinstance(fetcher, _Fetcher) or not fetcher.call.drain:
+            return original(self, optimizer, batch_idx, kwargs)
+        try:  # Lightning's way: the optimizer_step hook is entered before the step runs
+            return _AutomaticOptimization.run(self, optimizer, batch_idx, kwargs)
+        except StopIteration:
+            fetcher.step_stopped()
+            return {}
+        finally:
+            fetcher.close_step()
+
+    return run
 
 
 def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -326,11 +355,11 @@ CATALOGUE: tuple[Defect, ...] = (
            (C01 + "test_regular_flavour_with_trainer_options_as_stock",), "accumulate3"),
     Defect("options_pickled_with_their_locks", "C1", "prefetcher",
            "pickles its loops' options as they are, thread locks included, instead of rebuilding them on unpickling",
-           (prefetch_loops._Options, "__reduce__"), _instead(object.__reduce__),
+           (prefetch_options.Options, "__reduce__"), _instead(object.__reduce__),
            (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "regular and no_profiler"),
     Defect("profiler_left_serialised", "C1", "prefetcher",
            "leaves its serialising start/stop on the user's profiler after the prefetch thread stopped",
-           (prefetch_loops._Options, "thread_stopped_recording"), _instead(lambda self, profiler: None),
+           (prefetch_options.Options, "thread_stopped_recording"), _instead(lambda self, profiler: None),
            (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "dataloader_iter and simple"),
     Defect("step_calls_in_regular_checkpoints", "C1", "batch_processor",
            "writes its step-call count and last call's batch count into every checkpoint, a regular module's too",
@@ -345,7 +374,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (_EpochLoop, "_hand_out"), _after(lambda self, item, _: (item[0], item[1] + 1, item[2])),
            (C02 + "test_next_returns_batch_index_and_dataloader_index",), SIZED),
     Defect("batch_idx_counts_step_calls", "C2", "prefetcher", "hands out the step-call index as `batch_idx`",
-           (_Fetcher, "consume"), _after(lambda self, item, _: (item[0], self.step_calls - 1, item[2])),
+           (_Fetcher, "consume"), _after(lambda self, item, _: (item[0], self.call.index - 1, item[2])),
            (C02 + "test_next_returns_batch_index_and_dataloader_index",), SIZED),
     Defect("batch_idx_across_epochs", "C2", "batch_processor",
            "numbers batches across epochs (total instead of current progress)",
@@ -388,12 +417,11 @@ CATALOGUE: tuple[Defect, ...] = (
            (C05 + "test_stop_iteration_in_step_takes_no_optimizer_step",), SIZED),
     # C6 Progress counts batches
     Defect("progress_counts_step_calls", "C6", "prefetcher", "advances batch progress once per step call",
-           (prefetch_loops._ConsumedBatchProgress, "count_consumed"), _counts_only_a_calls_first_batch,
+           (lightning_changes.ConsumedBatchProgress, "count_consumed"), _counts_only_a_calls_first_batch,
            (C06 + "test_completed_progress_equals_batches_consumed",), SIZED),
     Defect("completed_counts_one_per_call", "C6", "batch_processor",
            "completes at most one batch per step call",
-           (_EpochLoop, "_run_step"),
-           _after(_complete_one_batch_per_call),
+           (lightning_changes.ConsumedBatchProgress, "increment_completed"), _complete_one_batch_per_call,
            (C06 + "test_completed_progress_equals_batches_consumed",), SIZED),
     # C7 Limits
     Defect("limit_off_by_one", "C7", "prefetcher", "delivers one batch more than `limit_train_batches`",
@@ -406,7 +434,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C07 + "test_val_check_interval_counts_batches",)),
     Defect("drain_forgets_the_last_calls_batches", "C7", "prefetcher",
            "forgets in its drain calls how many batches the epoch's last step call took, so a validation due there is"
-           " lost", (prefetch_loops._PrefetchingEpochLoop, "_draining"), _instead(_draining_forgetting_the_last_call),
+           " lost", (_Fetcher, "drain_calls"), _instead(_drain_calls_forgetting_the_last_call),
            (C07 + "test_val_check_interval_counts_batches_of_any_loader",), "across-epochs and " + SIZED),
     # C8 Hooks
     Defect("stale_start_hook_batch", "C8", "prefetcher",
@@ -433,16 +461,16 @@ CATALOGUE: tuple[Defect, ...] = (
            (C09 + "test_accumulation_counts_step_calls",)),
     Defect("window_open_at_epoch_end", "C9", "batch_processor",
            "leaves the last accumulation window of an epoch without an optimizer step",
-           (_EpochLoop, "_should_accumulate"), _instead(lambda self: not self._accumulated_batches_reached()),
+           (lightning_changes.StepFirstAutomaticOptimization, "close_window"), _skips_the_epochs_last_window,
            (C09 + "test_accumulation_counts_step_calls",)),
     # C10 Logging
     Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
-           (_Fetcher, "step_batch_size"), _instead(lambda self: len(self.step_batches) or 1),
+           (lightning_changes, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED),
     Defect("batch_size_of_first_batch", "C10", "batch_processor",
            "infers `self.log`'s batch size from the step's first batch only",
-           (_EpochLoop, "_step_batch_size"),
-           _instead(lambda self: extract_batch_size(self._step_batches[0]) if self._step_batches else 1),
+           (lightning_changes, "samples_in"),
+           _instead(lambda batches: extract_batch_size(batches[0]) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED),
     # C11 Exactly-once resume
     Defect("checkpoint_of_produced_batches", "C11", "prefetcher",
@@ -530,7 +558,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
     Defect("drain_call_enters_optimizer_step", "C18", "prefetcher",
            "enters the `optimizer_step` hook in a drain call before the step runs, even when it trains nothing",
-           (prefetch_loops._StepCallAutomaticOptimization, "_drain_call"), _instead(_drain_call_as_any_call),
+           (prefetch_loops._StepCallAutomaticOptimization, "run"), _drain_call_as_any_call,
            (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
     Defect("writer_gets_the_last_batchs_indices", "C18", "batch_processor",
            "gives a prediction writer the sample indices of a step call's last batch only",
