@@ -283,7 +283,9 @@ class DataloaderIterCallback(Callback):
             "batches consumed: Lightning ends an epoch after num_training_batches step calls, and steps that consume "
             "no batch use them up, so the remaining batches are never trained on."
         )
-        fix = "Call next(dataloader_iter) at least once per step, or pass a loader without __len__ (an IterableDataset)."
+        fix = (
+            "Call next(dataloader_iter) at least once per step, or pass a loader without __len__ (an IterableDataset)."
+        )
         if self._guard.empty_calls:
             # The epoch ended while the step had stopped consuming (C14): it would idle on the pending batches in
             # every epoch; the callback cannot keep a sized epoch going past num_training_batches calls, so it stops.

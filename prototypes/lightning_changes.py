@@ -389,7 +389,10 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         self._window_open, self._window_loss = True, result.loss
         if data_ended():
             trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
-        if trainer.strategy.handles_gradient_accumulation or not trainer.fit_loop._should_accumulate():
+        # Why accumulate_grad_batches first: without accumulation every call closes its window, and asking the
+        # strategy and the loop is a chain of calls on every batch
+        closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
+        if closes or not trainer.fit_loop._should_accumulate():
             self.close_window(step_call_idx)
         return {} if result.loss is None else result.asdict()
 
@@ -434,11 +437,11 @@ def supply_log_batch_size(
     returns the undo.
 
     ``step_batches()`` is the loop's answer for the running step call: the batches it consumed so far, or, before its
-    first ``next()``, the batch it will get (none in a drain call); None when the loop cannot tell. The size is their samples summed, 1 (Lightning's
-    fallback) for no batch, and None when a batch's size cannot be inferred: then the guard's own error asks for
-    ``batch_size=``. Why on the instance: ``LightningModule.log`` refuses the flavour without ``batch_size=`` (a
-    guard for stock Lightning, which cannot know it). The loop knows; Lightning proper would drop the guard and infer
-    the size in the loop.
+    first ``next()``, the batch it will get (none in a drain call); None when the loop cannot tell. The size is their
+    samples summed, 1 (Lightning's fallback) for no batch, and None when a batch's size cannot be inferred: then the
+    guard's own error asks for ``batch_size=``. Why on the instance: ``LightningModule.log`` refuses the flavour
+    without ``batch_size=`` (a guard for stock Lightning, which cannot know it). The loop knows; Lightning proper
+    would drop the guard and infer the size in the loop.
     """
 
     def log(*args: Any, **kwargs: Any) -> None:
@@ -558,6 +561,7 @@ def install_loops(
         ("validate_loop", TrainerFn.VALIDATING, RunningStage.VALIDATING),
         ("test_loop", TrainerFn.TESTING, RunningStage.TESTING),
     ):
-        setattr(trainer, attribute, evaluation_loop(trainer, fn, stage, inference_mode=inference_mode, **design_options))
+        loop = evaluation_loop(trainer, fn, stage, inference_mode=inference_mode, **design_options)
+        setattr(trainer, attribute, loop)
     trainer.predict_loop = prediction_loop(trainer, inference_mode=inference_mode, **design_options)
     return trainer

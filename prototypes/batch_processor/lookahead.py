@@ -22,7 +22,10 @@ class LookAhead:
     """
 
     def __init__(
-        self, fetch: Callable[[], StepItem], transfer: Callable[[Any, int], Any], snapshot: Callable[[], Any] | None = None
+        self,
+        fetch: Callable[[], StepItem],
+        transfer: Callable[[Any, int], Any],
+        snapshot: Callable[[], Any] | None = None,
     ) -> None:
         self._fetch = fetch
         self._transfer = transfer

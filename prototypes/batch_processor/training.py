@@ -114,7 +114,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
 
     def _epoch_uncut(self) -> bool:
         loader = self.trainer.fit_loop._combined_loader
-        return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits))
+        return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits, strict=True))
 
     # [RFC 1] each batch handed out is counted
     def _hand_out(self, item: StepItem) -> StepItem:
@@ -185,7 +185,8 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         if has_batch and self.batch_progress.is_last_batch:
             warnings.warn(
                 f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
-                " shards), and all ranks stop at the same step call. Give every rank the same number of batches."
+                " shards), and all ranks stop at the same step call. Give every rank the same number of batches.",
+                stacklevel=2,
             )
             # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
             self._batches.drop_rest()

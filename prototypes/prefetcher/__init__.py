@@ -16,19 +16,20 @@ User code::
     trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
     trainer.fit(Model(), train_dataloaders=loader)
 
-Options: ``depth`` is the most batches produced ahead of the step; ``0`` produces each batch on the main thread
-when it is needed. The default, ``"auto"``, prefetches 2 and, after timing the first 8 batches of each epoch,
-drops the thread when it could hide less than 1 ms per batch (loading or stepping is that cheap), since the
-hand-off between threads would then cost more than the overlap saves (``queue.Prefetcher``). ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background
-with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
+Options: ``depth`` is the most batches produced ahead of the step; ``0`` produces each batch on the main thread when
+it is needed. The default, ``"auto"``, prefetches 2 and, after timing the first 8 batches of each epoch, drops the
+thread when it could hide less than 1 ms per batch (loading or stepping is that cheap), since the hand-off between
+threads would then cost more than the overlap saves (``queue.Prefetcher``). ``transfer_ahead`` (default True) runs the
+batch-transfer hooks in the background with the loading; ``False`` leaves them on the main thread, applied as a batch
+is taken from the queue.
 
-One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it
-also pins them and copies them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue; batch progress,
-``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the batches the step
-consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's iterator ends
-(``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call. The regular
-flavour keeps Lightning's own fetcher. After the step call that took the epoch's last batch, drain calls (``done``
-True on entry) let a pipelining step train the batches it holds (clause C17).
+One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it also
+pins them and copies them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue;
+batch progress, ``batch_idx``, ``done``, the hooks' batch and the loader state a checkpoint records all follow the
+batches the step consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's
+iterator ends (``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call.
+The regular flavour keeps Lightning's own fetcher. After the step call that took the epoch's last batch, drain calls
+(``done`` True on entry) let a pipelining step train the batches it holds (clause C17).
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, trans
 
 DESIGN = Design(
     name="prefetcher",
-    summary="Lightning's loops with a fetcher that prefetches batches on a thread (when it pays) and counts consumed ones",
+    summary=(
+        "Lightning's loops with a fetcher that prefetches batches on a thread (when it pays) and counts consumed ones"
+    ),
     make_trainer=_make_trainer,
     options={"depth": AUTO},
     suite_variants=({"depth": 0}, {"depth": 1}, {"depth": 2}, {"depth": 4}),

@@ -347,7 +347,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return produced
 
     def _produce(self) -> _Produced:
-        """Load one batch and (optionally) transfer it; on the prefetch thread unless depth is 0 (or "auto" dropped it)."""
+        """Load one batch and (optionally) transfer it; on the prefetch thread unless depth is 0 (or "auto" dropped
+        it)."""
         if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
             self._produced = self._resumed_at = self.fetched
         if self.length is not None and self._produced >= self.length and self._limited():
@@ -388,7 +389,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """Whether a ``limit_*_batches`` cuts any loader short of its length."""
         loader = self._combined_loader
         limits = loader.limits or []
-        return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits))
+        return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits, strict=False))
 
 
     def stop(self) -> None:

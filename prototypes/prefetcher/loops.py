@@ -241,7 +241,8 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
             return fetcher.call.cut_short, output
 
         with fetcher.drain_calls():
-            drain(self.trainer, functools.partial(evaluation_drain_call, self, dataloader_idx, run_call), self.step_name)
+            drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, run_call)
+            drain(self.trainer, drain_call, self.step_name)
 
 
 class _PrefetchingPredictionLoop(

@@ -21,8 +21,9 @@ class Options:
     """The design's options, shared by one trainer's loops, and what they hold per run: the CUDA side stream and the
     locks that serialise the profiler while a prefetch thread records on it.
 
-    Why ``__reduce__`` ([RFC 16]): Lightning and its users copy a Trainer (``strategy="ddp_spawn"`` pickles it into each rank,
-    ``copy.deepcopy`` of a loop), and locks and streams cannot be pickled; a copy gets new ones, built from the options.
+    Why ``__reduce__`` ([RFC 16]): Lightning and its users copy a Trainer (``strategy="ddp_spawn"`` pickles it into
+    each rank, ``copy.deepcopy`` of a loop), and locks and streams cannot be pickled; a copy gets new ones, built from
+    the options.
     """
 
     def __init__(self, depth: int | str, transfer_ahead: bool) -> None:
