@@ -37,16 +37,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from tests.conformance.harness import (
-    BATCH_SIZE,
-    FEATURES,
-    LR,
-    QUIET,
-    IterStepModule,
-    SizedItems,
-    _collate,
-    item,
-)
+from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, _collate, item
 from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
 
 WORLD = 2

@@ -29,17 +29,16 @@ from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 
+import prototypes.common as common
+from prototypes import IMPLEMENTATIONS, lightning_changes
 from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
-import prototypes.common as common
-from prototypes import lightning_changes
+from prototypes.common import Design
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
 from prototypes.prefetcher import options as prefetch_options
 from prototypes.prefetcher import queue as prefetch_queue
-from prototypes import IMPLEMENTATIONS
-from prototypes.common import Design
 
 _Fetcher = prefetch_fetcher._PrefetchingIterFetcher
 _EpochLoop = bp_training.IteratorTrainingEpochLoop

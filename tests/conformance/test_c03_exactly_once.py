@@ -1,7 +1,8 @@
 """C3 Exactly once, in order: whatever the step's ``next()`` pattern, it receives the loader's sequence."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.conformance.harness import (
     KINDS,

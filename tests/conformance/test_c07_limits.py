@@ -1,7 +1,6 @@
 """C7 Limits: limits count batches, ``max_steps`` counts optimizer steps, validation intervals count batches."""
 
 import pytest
-
 from torch.utils.data import DataLoader
 
 from tests.conformance.harness import (

@@ -2,7 +2,14 @@
 
 import pytest
 
-from tests.conformance.harness import KINDS, IterStepModule, loader_sequence, make_loader, make_trainer, split_by_pattern
+from tests.conformance.harness import (
+    KINDS,
+    IterStepModule,
+    loader_sequence,
+    make_loader,
+    make_trainer,
+    split_by_pattern,
+)
 
 pytestmark = pytest.mark.clause("C8")
 

@@ -10,20 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conformance.ddp import (
-    PIPELINE_PARALLEL,
-    TEST_TIMEOUT_S,
-    finished_on_every_rank,
-    received_batches,
-)
+from tests.conformance.ddp import PIPELINE_PARALLEL, TEST_TIMEOUT_S, finished_on_every_rank, received_batches
 from tests.conformance.harness import BATCH_SIZE, assert_same_batches
-from tests.conformance.pipeline_parallel import (
-    FIRST,
-    LAST,
-    MICRO_BATCHES,
-    PIPELINE_ITEMS,
-    reference_pipeline_weights,
-)
+from tests.conformance.pipeline_parallel import FIRST, LAST, MICRO_BATCHES, PIPELINE_ITEMS, reference_pipeline_weights
 
 pytestmark = pytest.mark.clause("C19")
 

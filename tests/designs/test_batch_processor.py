@@ -16,15 +16,9 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.batch_processor.evaluation import (
-    IteratorEvaluationLoop,
-    IteratorPredictionLoop,
-)
+from prototypes.batch_processor.evaluation import IteratorEvaluationLoop, IteratorPredictionLoop
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator
-from prototypes.batch_processor.training import (
-    IteratorFitLoop,
-    IteratorTrainingEpochLoop,
-)
+from prototypes.batch_processor.training import IteratorFitLoop, IteratorTrainingEpochLoop
 from tests.conformance.harness import (
     QUIET,
     IterStepModule,
