@@ -310,7 +310,7 @@ def _drain_call_as_any_call(original: Callable[..., Any]) -> Callable[..., Any]:
             fetcher.step_stopped()
             return {}
         finally:
-            fetcher.close_step()
+            fetcher.end_step_call()
 
     return run
 
