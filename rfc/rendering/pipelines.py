@@ -69,7 +69,7 @@ def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
         "Batches trained in each epoch by TorchRec's train pipelines, run unmodified under each design (the user code "
         "of C17's migration note); ✓: every epoch trained every batch once, in order, to the weights of the same "
         "pipeline driven by a plain loop; ✗: the batches the plain loop trains per epoch follow *of*. `w0`, `w2`: "
-        "DataLoader workers. `EvalPipelineSparseDist` runs in `validation_step`: its counts are the batches evaluated in "
-        "each validation run."
+        "DataLoader workers. `EvalPipelineSparseDist` runs in `validation_step`: its counts are the batches "
+        "evaluated in each validation run."
     )
     return legend + "\n\n" + table(["Pipeline", "Loader", *(code(label) for label, _ in columns)], rows)

@@ -280,7 +280,9 @@ def spawn_fit(design, module, loader: DataLoader) -> dict[str, Any]:
     """
     with tempfile.TemporaryDirectory(prefix="c01-spawn-") as outdir:
         # what strategy="ddp_spawn" names, with the process group's timeout of the launches above
-        strategy = DDPStrategy(start_method="spawn", process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+        strategy = DDPStrategy(
+            start_method="spawn", process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S)
+        )
         trainer = design.trainer(**{**QUIET, "devices": WORLD, "strategy": strategy,
                                     "callbacks": [ReportsRankOutcome(outdir)]})
         running_before, hung = set(multiprocessing.active_children()), {}
@@ -342,7 +344,9 @@ def summary(run: dict) -> str:
                          + _indent(run["hung"][rank]))
         elif outcome is None:
             code = run["exitcodes"][rank]  # None under ddp_spawn, where Lightning owns the processes
-            lines.append(f"  rank {rank}: reported nothing" + (f" (process exit code {code})" if code is not None else ""))
+            lines.append(
+                f"  rank {rank}: reported nothing" + (f" (process exit code {code})" if code is not None else "")
+            )
         else:
             error = outcome["error"]
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
@@ -376,7 +380,10 @@ def reference_ddp_weights(outcomes: list[dict], pattern: tuple[int, ...]) -> dic
     layer = torch.nn.Linear(FEATURES, 1)
     layer.load_state_dict({k: torch.tensor(v) for k, v in outcomes[0]["initial"].items()})
     optimizer = torch.optim.SGD(layer.parameters(), lr=LR)
-    per_rank = [[received_batches(o)[i : i + pattern[0]] for i in range(0, len(received_batches(o)), pattern[0])] for o in outcomes]
+    per_rank = [
+        [received_batches(o)[i : i + pattern[0]] for i in range(0, len(received_batches(o)), pattern[0])]
+        for o in outcomes
+    ]
     for step in zip(*per_rank, strict=True):
         losses = []
         for batches in step:

@@ -134,7 +134,9 @@ def _keeps_the_steps_first_batch_for_the_end_hook(original: Callable[..., Any]) 
 def _calls_the_start_hook_per_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     def hand_out(self: Any, item: Any) -> Any:
         if self._step_batches:  # not the step's first batch
-            call._call_lightning_module_hook(self.trainer, "on_train_batch_start", item[0], self.batch_progress.current.ready)
+            call._call_lightning_module_hook(
+                self.trainer, "on_train_batch_start", item[0], self.batch_progress.current.ready
+            )
         return original(self, item)
 
     return hand_out

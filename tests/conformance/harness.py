@@ -112,7 +112,8 @@ class ListedBatches(Sampler):
 
 
 class UnsizedBatches(IterableDataset):
-    """Yields collated batches of ``sizes[k]`` consecutive items, without ``__len__`` (load with ``batch_size=None``)."""
+    """Yields collated batches of ``sizes[k]`` consecutive items, without ``__len__`` (load with
+    ``batch_size=None``)."""
 
     def __init__(self, sizes: Sequence[int]) -> None:
         self.sizes = tuple(sizes)
@@ -128,7 +129,9 @@ def uneven_loader(kind: str, sizes: Sequence[int]) -> DataLoader:
     return DataLoader(UnsizedBatches(sizes), batch_size=None)
 
 
-def make_loader(kind: str = "sized", n_items: int = 14, num_workers: int = 0, batch_size: int = BATCH_SIZE) -> DataLoader:
+def make_loader(
+    kind: str = "sized", n_items: int = 14, num_workers: int = 0, batch_size: int = BATCH_SIZE
+) -> DataLoader:
     """A real DataLoader over ``n_items`` items; ``kind`` is ``"sized"`` or ``"unsized"``."""
     dataset = {"sized": SizedItems, "unsized": UnsizedItems}[kind](n_items)
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
@@ -493,8 +496,8 @@ def reference_weights(
 ) -> dict[str, torch.Tensor]:
     """Final weights of a plain PyTorch loop over the same batches, grouped into step calls.
 
-    ``steps[k]`` lists the batches (as item-id tuples) step call k used; ``complete[k]`` is False for a step cut short by
-    StopIteration (no backward, no optimizer step). The optimizer steps after every ``accumulate`` completed step
+    ``steps[k]`` lists the batches (as item-id tuples) step call k used; ``complete[k]`` is False for a step cut short
+    by StopIteration (no backward, no optimizer step). The optimizer steps after every ``accumulate`` completed step
     calls and after the last completed call of the epoch, dividing the loss by ``accumulate`` as Lightning does.
     """
     layer = torch.nn.Linear(FEATURES, 1)
@@ -515,7 +518,7 @@ def reference_weights(
 
 
 def _collate(items):
-    index, x, y = zip(*items)
+    index, x, y = zip(*items, strict=True)
     return torch.tensor(index), torch.stack(x), torch.stack(y)
 
 
@@ -523,7 +526,7 @@ def assert_same_batches(actual: Sequence, expected: Sequence, what: str = "batch
     """Equality with a message that names the first batch that went wrong."""
     if list(actual) == list(expected):
         return
-    for position, (a, e) in enumerate(zip(actual, expected)):
+    for position, (a, e) in enumerate(zip(actual, expected, strict=False)):
         if a != e:
             raise AssertionError(
                 f"{what}: position {position} got batch {a}, expected {e}\n  got:      {list(actual)}\n"

@@ -95,7 +95,7 @@ class PipelineStageModule(RecordingModule):
             activation = received[:, :FEATURES].clone().requires_grad_()
             activations.append(activation)
             losses.append(torch.nn.functional.mse_loss(self.layer(activation), received[:, FEATURES:]) / MICRO_BATCHES)
-        for activation, loss in zip(activations, losses):
+        for activation, loss in zip(activations, losses, strict=True):
             self.manual_backward(loss)
             dist.send(activation.grad.contiguous(), FIRST)
         return len(activations)

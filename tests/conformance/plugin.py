@@ -144,7 +144,9 @@ def load_expected_failures(path: Path) -> dict[str, tuple[str, int]]:
 
     def close_group() -> None:
         if reason is not None and not covered:
-            raise pytest.UsageError(f"{path}:{reason_line}: reason {reason!r} covers no test id (indent the ids under it)")
+            raise pytest.UsageError(
+                f"{path}:{reason_line}: reason {reason!r} covers no test id (indent the ids under it)"
+            )
 
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):

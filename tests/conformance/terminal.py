@@ -183,7 +183,8 @@ def render_matrix(
         lines.append([("", {})])
         for row in range(max(map(len, headers))):
             names = [h[row] if row < len(h) else "" for h in headers]
-            text = " " * label_width + "".join(GAP + name.rjust(widths[i]) for i, name in zip(block, names))
+            cells_text = "".join(GAP + name.rjust(widths[i]) for i, name in zip(block, names, strict=True))
+            text = " " * label_width + cells_text
             lines.append([(text.rstrip(), dict(bold=True))])
         for position, clause in enumerate([*clause_ids, "all"]):
             line: Line = [(fit(labels[clause], label_width).ljust(label_width), {})]

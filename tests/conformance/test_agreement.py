@@ -125,7 +125,7 @@ def observe(design: Design, run: Run, log_dir: Path) -> dict[str, Any]:
 
 def first_difference(expected: Any, observed: Any) -> str:
     if isinstance(expected, list) and isinstance(observed, list):
-        for position, (one, other) in enumerate(zip(expected, observed)):
+        for position, (one, other) in enumerate(zip(expected, observed, strict=False)):
             if one != other:
                 return f"first at position {position}: {one!r} / {other!r}"
         return f"{len(expected)} / {len(observed)} entries"

@@ -42,7 +42,10 @@ def _observe(trainer, module, loader, val_loader=None):
 
 def _assert_same_as_stock(design, make_module, loader_args, with_val=False, **trainer_kwargs):
     runs = {}
-    for label, trainer in (("design", make_trainer(design, **trainer_kwargs)), ("stock", stock_trainer(**trainer_kwargs))):
+    for label, trainer in (
+        ("design", make_trainer(design, **trainer_kwargs)),
+        ("stock", stock_trainer(**trainer_kwargs)),
+    ):
         val = make_loader(**loader_args) if with_val else None
         runs[label] = _observe(trainer, make_module(), make_loader(**loader_args), val)
     ours, stock = runs["design"], runs["stock"]

@@ -154,14 +154,19 @@ def test_ddp_spawn_trains_each_rank_on_its_shard_once(design, monkeypatch):
         expected_weights = reference_ddp_weights(outcomes, batches_per_step)
         for rank, outcome in enumerate(outcomes):
             for name, value in outcome["weights"].items():
-                torch.testing.assert_close(torch.tensor(value), expected_weights[name], msg=lambda m, r=rank, n=name: (
-                    f"{flavour}, rank {r}: {n} differs from DDP's averaged-gradient SGD:\n{m}"
-                ))
+                torch.testing.assert_close(
+                    torch.tensor(value),
+                    expected_weights[name],
+                    msg=lambda m, f=flavour, r=rank, n=name: (
+                        f"{f}, rank {r}: {n} differs from DDP's averaged-gradient SGD:\n{m}"
+                    ),
+                )
 
 
 # --------------------------------------------------------------------------------------------------- checkpoints
 class SavesCheckpoints(Callback):
-    """Saves ``mid.ckpt`` after the second optimizer step (mid-epoch, a validation run behind it); no state of its own."""
+    """Saves ``mid.ckpt`` after the second optimizer step (mid-epoch, a validation run behind it); no state of its
+    own."""
 
     def __init__(self, directory: Path) -> None:
         self.directory, self.saved = directory, False

@@ -46,7 +46,8 @@ def test_max_steps_counts_optimizer_steps(design, pattern):
     trainer = make_trainer(design, max_steps=3, max_epochs=5)
     trainer.fit(module, make_loader("sized", n_items=16))
     assert trainer.global_step == module.optimizer_steps_taken() == 3
-    expected = [b for group in split_by_pattern(loader_sequence(make_loader("sized", n_items=16)), pattern)[:3] for b in group]
+    groups = split_by_pattern(loader_sequence(make_loader("sized", n_items=16)), pattern)
+    expected = [b for group in groups[:3] for b in group]
     assert_same_batches(module.record.received, expected)
 
 
@@ -180,6 +181,8 @@ def test_limit_bounds_what_is_read_not_only_what_is_trained(design, kind, limit)
     # here: a DataLoader's own worker prefetching reads ahead whatever the design does).
     log = _ReadLog()
     dataset = {"sized": _LoggedSized, "unsized": _LoggedUnsized}[kind](14, log)
-    make_trainer(design, limit_train_batches=limit).fit(IterStepModule((1,)), DataLoader(dataset, batch_size=BATCH_SIZE))
+    make_trainer(design, limit_train_batches=limit).fit(
+        IterStepModule((1,)), DataLoader(dataset, batch_size=BATCH_SIZE)
+    )
     past = sorted({i for i in log.read if i >= limit * BATCH_SIZE})
     assert not past, f"limit_train_batches={limit} ({limit * BATCH_SIZE} items), yet items {past} were read"

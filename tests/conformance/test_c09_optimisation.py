@@ -24,7 +24,7 @@ def _check(design, pattern, n_items, module_kwargs=(), kind="sized", accumulate=
     complete = [len(group) == pattern[k % len(pattern)] for k, group in enumerate(groups)]
     expected = reference_weights(module, groups, complete=complete, accumulate=accumulate, clip_norm=clip)
     for name, value in module.layer.state_dict().items():
-        torch.testing.assert_close(value, expected[name], msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(value, expected[name], msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("kind", KINDS)

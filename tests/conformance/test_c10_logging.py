@@ -32,5 +32,5 @@ def test_epoch_mean_is_weighted_by_items_consumed(design, kind):
     assert [len(step) for step in steps] == [1, 2, 1, 2, 1], "the steps did not take the batches the pattern asks for"
     values = [sum(sum(batch) for batch, _, _ in step) for step in steps]
     samples = [sum(len(batch) for batch, _, _ in step) for step in steps]
-    expected = sum(v * w for v, w in zip(values, samples)) / sum(samples)
+    expected = sum(v * w for v, w in zip(values, samples, strict=True)) / sum(samples)
     assert float(trainer.callback_metrics["step_ids_sum_epoch"]) == pytest.approx(expected)

@@ -4,7 +4,8 @@ The two pipelining patterns real code uses (``AsyncHandleModule``: Lightning's o
 ``TrainPipelineModule``: TorchRec's train pipelines) pull batch i+1 before training batch i, so after the call that
 takes the epoch's last batch they still hold one. The loop makes *drain calls* (``done`` True on entry, ``next()``
 raising StopIteration) until the step ends them by raising StopIteration or by a call that did no work (returned
-nothing and stepped no optimizer). A simple step is entered at most once more, at whose first ``next()`` the epoch ends: it needs no guard.
+nothing and stepped no optimizer). A simple step is entered at most once more, at whose first ``next()`` the epoch
+ends: it needs no guard.
 """
 
 from __future__ import annotations

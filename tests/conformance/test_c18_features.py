@@ -38,7 +38,7 @@ pytestmark = pytest.mark.clause("C18")
 
 def _same_weights(module: pl.LightningModule, reference: pl.LightningModule) -> None:
     for name, value in module.layer.state_dict().items():
-        torch.testing.assert_close(value, reference.layer.state_dict()[name], msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(value, reference.layer.state_dict()[name], msg=lambda m, name=name: f"{name}: {m}")
 
 
 def _fit_both(design, make_flavour, make_regular, *, per_step: int, n_items: int, **trainer_kwargs: Any):

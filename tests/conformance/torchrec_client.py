@@ -186,9 +186,10 @@ class TorchRecModule(pl.LightningModule):
     pipeline's ``optimizer.step()`` calls counts in ``trainer.global_step``; given the raw ``torch.optim.SGD``, as
     TorchRec's examples do, ``global_step`` would stay 0. The step strips the ``(batch, batch_idx,
     dataloader_idx)`` triples and hands the pipeline the batches; an epoch starts with TorchRec's own way to start
-    one (``start_epoch``); validation runs, after TorchRec's ``detach()``, the model's own forward or (``eval_pipeline``)
-    TorchRec's ``EvalPipelineSparseDist``, ``reset()`` at each run's start. Nothing else: the pipeline runs forward, backward and the optimizer step itself, or,
-    after a staged pipeline, the step does, as TorchRec's example loop does, returning None once it is empty.
+    one (``start_epoch``); validation runs, after TorchRec's ``detach()``, the model's own forward or
+    (``eval_pipeline``) TorchRec's ``EvalPipelineSparseDist``, ``reset()`` at each run's start. Nothing else: the
+    pipeline runs forward, backward and the optimizer step itself, or, after a staged pipeline, the step does, as
+    TorchRec's example loop does, returning None once it is empty.
     """
 
     def __init__(self, pipeline: str, eval_pipeline: bool = False) -> None:

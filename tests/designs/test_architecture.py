@@ -149,7 +149,9 @@ def test_a_type_only_import_cycle_is_found_and_named(tmp_path):
                 from .loops import Loop
         """,
     })
-    assert import_cycles(import_graph(package)) == [["probe.design.fetcher", "probe.design.loops", "probe.design.fetcher"]]
+    assert import_cycles(import_graph(package)) == [
+        ["probe.design.fetcher", "probe.design.loops", "probe.design.fetcher"]
+    ]
 
 
 def test_an_import_inside_a_function_counts(tmp_path):

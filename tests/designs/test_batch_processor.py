@@ -1,7 +1,7 @@
 """What the conformance suite cannot see of ``batch_processor``: the look-ahead, the step iterator, misuse errors.
 
-The first part drives :class:`LookAhead` and :class:`LookAheadStepIterator` with plain callables (no Trainer) so each edge
-case is visible; the second runs a real Trainer and DataLoader and observes from inside the user's code.
+The first part drives :class:`LookAhead` and :class:`LookAheadStepIterator` with plain callables (no Trainer) so each
+edge case is visible; the second runs a real Trainer and DataLoader and observes from inside the user's code.
 """
 
 from __future__ import annotations

@@ -408,7 +408,8 @@ def test_resume_from_model_checkpoint_continues_batches_and_their_indices(tmp_pa
     resumed = CrashingModule((2,), crash_at=None)
     resumed_trainer = run(resumed, ckpt_path=str(tmp_path / "last.ckpt"))
     sequence = loader_sequence(DataLoader(dataset(20), batch_size=BATCH_SIZE))
-    assert [(b, i) for step in resumed.record.steps for b, i, _ in step] == list(zip(sequence, range(10)))[4:]
+    received = [(b, i) for step in resumed.record.steps for b, i, _ in step]
+    assert received == list(zip(sequence, range(10), strict=True))[4:]
     assert resumed_trainer.global_step == 5
     # Lightning's own ``done`` counts restored step calls as fetched batches, so it turns True late after a resume;
     # the callback's restored batch count keeps the step from being entered on the exhausted iterator.

@@ -630,8 +630,13 @@ class IteratorKeptPastValidationRun(EvalThreads):
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("stage", ["validate", "fit"])
-@pytest.mark.parametrize("module_class,message", [(StrayStopInValidation, "validation_step raised StopIteration"),
-                                                  (IteratorKeptPastValidationRun, "after the loop over its dataloader ended")])
+@pytest.mark.parametrize(
+    "module_class,message",
+    [
+        (StrayStopInValidation, "validation_step raised StopIteration"),
+        (IteratorKeptPastValidationRun, "after the loop over its dataloader ended"),
+    ],
+)
 def test_evaluation_misuse_is_an_error_and_leaves_no_thread(module_class, message, stage):
     trainer, module, loader = quiet_trainer(4), module_class(), make_loader(n_items=32)  # the thread is blocked
     with pytest.raises(RuntimeError, match=message):
