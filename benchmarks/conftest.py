@@ -89,10 +89,13 @@ class Sizes:
     s2_r_ms: float
     s2_c_ms: float
     s2_batches: int
-    # S3: tiny model, L = 0
+    # S3: tiny model, L = 0; ``s3_pairs`` lockstep pairs per design entry (``measuring.lockstep``), timed from batch
+    # ``s3_skip`` (past a depth "auto"'s first batches, which it may prefetch on its thread while it decides)
     s3_batches: int
     s3_rounds: int
     s3_warmup: int
+    s3_pairs: int
+    s3_skip: int
     # S4: L ~ exponential with mean C, large batches
     s4_c_ms: float
     s4_batches: int
@@ -108,7 +111,7 @@ SMOKE = Sizes(
     rounds=1, warmup=0, skip=1, pilot_rounds=1, recalibrations=1,
     s1_base_ms=2.0, s1_batches=6,
     s2_r_ms=2.0, s2_c_ms=2.0, s2_batches=7,
-    s3_batches=10, s3_rounds=1, s3_warmup=0,
+    s3_batches=10, s3_rounds=1, s3_warmup=0, s3_pairs=1, s3_skip=2,
     s4_c_ms=2.0, s4_batches=8, s4_rows=256, s4_rounds=1,
     s6_base_ms=2.0, s6_batches=6, calibration_batches=4,
 )
@@ -116,12 +119,13 @@ SMOKE = Sizes(
 # interleaved rounds give each figure a 95 % interval between its 4th and 12th round (9 rounds measured 10 minutes
 # here, with intervals too wide to judge most targets). No warm-up round: each run is timed over its
 # steady-state window, so a run's one-off costs fall outside it, and the calibration and pilot rounds run every path
-# before S1 and S6; S3 keeps one, its figures being the smallest.
+# before S1 and S6; S3 keeps one, its figures being the smallest. S3's judged ratios come from lockstep pairs; each
+# run also pairs stock Lightning with itself, so the results show how far apart identical entries land.
 MEASURE = Sizes(
     rounds=15, warmup=0, skip=4, pilot_rounds=3, recalibrations=3,
     s1_base_ms=15.0, s1_batches=24,
     s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=24,
-    s3_batches=200, s3_rounds=20, s3_warmup=1,
+    s3_batches=200, s3_rounds=10, s3_warmup=1, s3_pairs=10, s3_skip=20,
     s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
     s6_base_ms=10.0, s6_batches=24, calibration_batches=16,
 )

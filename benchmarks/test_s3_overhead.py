@@ -4,8 +4,16 @@ Interleaved round by round in one session: a raw PyTorch loop over the same load
 regular flavour and its ``dataloader_iter`` flavour (today's), then every design with the plainest
 ``training_step(self, dataloader_iter)`` and, since every design must run the regular flavour as stock Lightning does
 (C1), with ``training_step(self, batch, batch_idx)`` too; the prefetching designs also at depth 0, 1, 2 and 4
-(``dataloader_iter`` flavour: the regular flavour does not use the depth). Each design's flavour is judged against the
-same flavour of stock Lightning, per round (``overhead_vs_stock``).
+(``dataloader_iter`` flavour: the regular flavour does not use the depth). These rounds give each entry's time per
+batch.
+
+Each design's flavour is judged against the same flavour of stock Lightning (``overhead_vs_stock``) in lockstep
+pairs (``measuring.lockstep``): the two runs take turns batch by batch on one core, so both see the machine at the
+same moment, and each pair gives one ratio. Stock Lightning's flavour is also paired with itself (``AA_PAIR``): how
+far apart identical entries land is measured in every run. An entry whose batches come from a background thread in
+the timed window cannot be paired fairly (its thread would load during the other run's turn); its ratio comes from
+the interleaved rounds, and its row says so (``paired``). Every module here defines the batch-transfer hooks: where
+the loop skips them (stock Lightning's flavour), the step runs them, so every entry does the same work per batch.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from functools import partial
 
 import pytest
 
-from benchmarks import measuring, workloads
+from benchmarks import intervals, measuring, workloads
 from benchmarks.conftest import FEATURES
 
 pytestmark = [
@@ -34,6 +42,7 @@ CASES = [(who, "-") for who in BASELINES] + [
     for flavour in (("dataloader_iter", "regular") if workloads.is_default(design) else ("dataloader_iter",))
 ]
 ROWS = 1  # batch size 1: the per-batch machinery dominates
+AA_PAIR = "baseline:dataloader_iter"  # stock Lightning's flavour paired with itself: the lockstep's own spread
 
 
 def _once(bench, who: str, flavour: str, profile: cProfile.Profile | None = None) -> measuring.Probe:
@@ -57,6 +66,48 @@ def _point(bench) -> measuring.Interleaved:
     return bench.interleaved(("S3",), runs, bench.sizes.s3_rounds, bench.sizes.s3_warmup)
 
 
+def _reference(who: str, flavour: str) -> str:
+    """The stock entry a case is judged against: the same flavour of stock Lightning."""
+    return STOCK_ITER if flavour == "dataloader_iter" or who == AA_PAIR else REGULAR
+
+
+def _paired(bench) -> dict[str, list[measuring.Pair]]:
+    """Lockstep pairs per case (its key), each against its reference; rounds alternate which run goes first. An
+    entry found running a thread in the window is not paired again (its list is emptied)."""
+    cases = [(AA_PAIR, "-")] + [(who, flavour) for who, flavour in CASES if who not in BASELINES]
+
+    def measure() -> dict[str, list[measuring.Pair]]:
+        pairs: dict[str, list[measuring.Pair]] = {f"{who}-{flavour}": [] for who, flavour in cases}
+        threaded: set[str] = set()
+        rounds = bench.sizes.s3_pairs
+        for r in range(rounds):
+            if bench.progress is not None:
+                bench.progress("S3 lockstep", len(cases), r, rounds, 0)
+            for who, flavour in cases:
+                key = f"{who}-{flavour}"
+                if key in threaded:
+                    continue
+                reference = _reference(who, flavour).removesuffix("--")
+                runs = (partial(_once, bench, reference, "-"), partial(_once, bench, who, flavour))
+                pair = measuring.lockstep(*(runs if r % 2 == 0 else runs[::-1]), bench.sizes.s3_skip)
+                if pair.threaded:
+                    threaded.add(key)
+                    pairs[key] = []
+                    continue
+                pairs[key].append(pair if r % 2 == 0 else measuring.Pair(pair.second_s, pair.first_s, False))
+        if bench.progress is not None:
+            bench.progress("S3 lockstep", len(cases), rounds, rounds, 0)
+        return pairs
+
+    return bench.store.point(("S3", "lockstep"), measure)
+
+
+def _paired_ratio(bench, key: str) -> dict | None:
+    """Median and 95 % interval of a case's lockstep ratios (design over stock), None if it could not be paired."""
+    pairs = _paired(bench)[key]
+    return intervals.summary([pair.ratio for pair in pairs]) if pairs else None
+
+
 @pytest.mark.parametrize(("who", "flavour"), CASES, ids=[w if f == "-" else f"{w}-{f}" for w, f in CASES])
 def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
     n = bench.sizes.s3_batches
@@ -68,12 +119,20 @@ def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
         kind = {"baseline:raw-pytorch": "raw", "baseline:regular": "regular"}.get(who, "dataloader_iter")
         row = dict(design=who, role="baseline", flavour=kind, n_batches=n, time_per_batch_ms=measuring.rounded(t),
                    rounds=measurement.rounds)
+        if who == AA_PAIR:
+            # the lockstep's own spread: stock Lightning's flavour over itself, which a perfect method puts at 1
+            identical = _paired_ratio(bench, f"{who}--")
+            row.update(same_entry_ratio=identical["value"], same_entry_ratio_interval=identical["interval"],
+                       pairs=len(_paired(bench)[f"{who}--"]))
     else:
         key = f"{who}-{flavour}"
         regular = data.measurement(REGULAR).median_ms
         raw = data.measurement("baseline:raw-pytorch--").median_ms
-        # each flavour against the same flavour of stock Lightning, per round: what the design adds to it
-        same_flavour = data.ratio(key, STOCK_ITER if flavour == "dataloader_iter" else REGULAR)
+        # each flavour against the same flavour of stock Lightning: what the design adds to it, from lockstep pairs
+        # where the entry could be paired, else from the interleaved rounds
+        interleaved = data.ratio(key, _reference(who, flavour))
+        paired = _paired_ratio(bench, key)
+        same_flavour = paired or interleaved
         design = ENTRIES[who]
         row = dict(
             design=design.id, role="design", flavour=flavour, depth=workloads.depth_of(design),
@@ -84,6 +143,9 @@ def test_s3_overhead(benchmark, bench, who: str, flavour: str) -> None:
             t_raw_ms=measuring.rounded(raw), overhead_vs_regular=measuring.rounded(t / regular),
             overhead_vs_stock=same_flavour["value"], overhead_vs_stock_interval=same_flavour["interval"],
             overhead_vs_raw=measuring.rounded(t / raw), rounds=measurement.rounds,
+            paired=paired is not None, pairs=len(_paired(bench)[key]),
+            overhead_vs_stock_interleaved=interleaved["value"],
+            overhead_vs_stock_interleaved_interval=interleaved["interval"],
         )
     bench.extra_info(benchmark, row)
     bench.store.record("S3", row)

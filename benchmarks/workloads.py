@@ -220,15 +220,17 @@ class IterStep(BenchModule):
     """The ``dataloader_iter`` flavour, the plainest user code: one batch per step, nothing special.
 
     Where the loop handed over a batch without running the batch-transfer hooks (stock Lightning's flavour does
-    not run them, #18831), the step runs them itself, as a user of that flavour has to: every entry does S6's
-    hook work M for every batch, wherever it runs.
+    not run them, #18831), the step runs them itself, as a user of that flavour has to for the batch to reach the
+    module's device through them: every entry does the same transfer work for every batch (S6's hook work M
+    included), wherever it runs, so S3 compares the loops' own cost per batch.
     """
 
     def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
         batch, _batch_idx, _dataloader_idx = next(dataloader_iter)
         self.probe.batch_received(batch)
-        if any(self.hook_iterations) and self.probe.transfers < self.probe.consumed:
-            batch = self.on_after_batch_transfer(self.on_before_batch_transfer(batch, 0), 0)
+        if self.probe.transfers < self.probe.consumed:
+            batch = self.on_before_batch_transfer(batch, 0)
+            batch = self.on_after_batch_transfer(self.transfer_batch_to_device(batch, self.device, 0), 0)
         return self.compute(batch)
 
 

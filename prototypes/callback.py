@@ -33,7 +33,7 @@ with a wrapper of the same signature. Each call, the wrapper hands the user's st
 over Lightning's iterator that
 
 - applies ``precision_plugin.convert_input`` and the module's ``on_before_batch_transfer`` /
-  ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (``prototypes.common.transfer_batch``), as the regular
+  ``transfer_batch_to_device`` / ``on_after_batch_transfer`` (``prototypes.common.BatchTransfer``), as the regular
   flavour does;
 - numbers batches itself (``batch_idx`` from 0 per epoch and per dataloader; the training count is callback state,
   so it survives a resume);
@@ -75,6 +75,7 @@ from prototypes.common import (
     DATALOADER_ITER,
     ITERATOR_USED_AFTER_ITS_STEP,
     STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchTransfer,
     Design,
     NoProgressGuard,
     StepItem,
@@ -82,7 +83,6 @@ from prototypes.common import (
     every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
-    transfer_batch,
 )
 
 # The steps each ``trainer.<stage>()`` may call with ``dataloader_iter`` (``setup``'s ``stage`` argument).
@@ -128,6 +128,7 @@ class BatchFeed:
         self._exhausted = False
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
+        self._transfer: BatchTransfer | None = None  # for the current source: its hooks resolved once
 
     def start_epoch(self) -> None:
         self.consumed = self.steps = self.dataloader_idx = 0
@@ -148,11 +149,12 @@ class BatchFeed:
             if not self.restored:
                 self.start_epoch()
             self._source, self._exhausted, self.restored = source, False, False
+            self._transfer = BatchTransfer(trainer)
         self.steps += 1
         return new_source
 
     def detach(self) -> None:
-        self._source = self._trainer = self._module = None
+        self._source = self._trainer = self._module = self._transfer = None
 
     def has_next(self) -> bool:
         """Whether the current dataloader has another batch; for an unsized one this fetches it (the look-ahead)."""
@@ -194,7 +196,7 @@ class BatchFeed:
                 raise
         batch, _, dataloader_idx = item
         batch_idx, self.consumed = self.consumed, self.consumed + 1
-        return transfer_batch(self._trainer, batch, dataloader_idx), batch_idx, dataloader_idx
+        return self._transfer(batch, dataloader_idx), batch_idx, dataloader_idx
 
     def drop_remaining(self) -> int:
         """Read and drop what remains of Lightning's iterator, so Lightning ends the epoch after this step call

@@ -220,35 +220,44 @@ def profiled(profiler: Profiler, action: str, function: Callable[..., Any]) -> C
 
 
 # [RFC 4] every batch through the transfer path
-def transfer_batch(trainer: pl.Trainer, batch: Any, dataloader_idx: int, *,
-                   pin: Callable[[Any], Any] | None = None) -> Any:
-    """What Lightning's regular flavour does to a batch before the step (clause C4), through public API only.
+class BatchTransfer:
+    """What Lightning's regular flavour does to a batch before the step (clause C4), through public API only:
+    ``BatchTransfer(trainer)(batch, dataloader_idx)``.
 
     The precision plugin's ``convert_input``, then ``on_before_batch_transfer``, ``transfer_batch_to_device`` and
     ``on_after_batch_transfer`` (the datamodule's where it overrides them, as Lightning picks them), each recorded
     under the action name Lightning's own dispatch gives it. ``pin`` runs between the first hook and the copy.
     Why not Lightning's dispatch (``trainer._call_lightning_module_hook``): it sets ``module._current_fx_name``, which
     ``self.log`` on the main thread reads, so it cannot run on a prefetch thread; one path serves every design.
+    Why an object: the hooks, their owners and their profiler actions are resolved once per loop over the data
+    (build one there), not for every batch.
     """
-    # Why read once: each of the trainer's properties is a chain of calls, and this runs for every batch
-    strategy, datamodule, profiler = trainer.strategy, trainer.datamodule, trainer.profiler
-    module = strategy.lightning_module
 
-    def hook(name: str) -> Callable[..., Any]:
-        owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else module
-        kind = "LightningModule" if owner is module else "LightningDataModule"
-        return profiled(profiler, f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name))
+    def __init__(self, trainer: pl.Trainer) -> None:
+        strategy, datamodule, profiler = trainer.strategy, trainer.datamodule, trainer.profiler
+        module = strategy.lightning_module
 
-    batch = strategy.precision_plugin.convert_input(batch)
-    batch = hook("on_before_batch_transfer")(batch, dataloader_idx)
-    if pin is not None:
-        batch = pin(batch)
+        def hook(name: str) -> Callable[..., Any]:
+            owner = datamodule if datamodule is not None and is_overridden(name, datamodule) else module
+            kind = "LightningModule" if owner is module else "LightningDataModule"
+            return profiled(profiler, f"[{kind}]{type(owner).__name__}.{name}", getattr(owner, name))
 
-    def batch_to_device(batch: Any) -> Any:
-        batch = hook("transfer_batch_to_device")(batch, strategy.root_device, dataloader_idx)
-        return hook("on_after_batch_transfer")(batch, dataloader_idx)
+        self._convert_input = strategy.precision_plugin.convert_input
+        self._before = hook("on_before_batch_transfer")
+        self._to_device, self._after = hook("transfer_batch_to_device"), hook("on_after_batch_transfer")
+        self._device = strategy.root_device
+        self._batch_to_device = profiled(
+            profiler, f"[Strategy]{type(strategy).__name__}.batch_to_device", self._batch_to_device_and_after
+        )
 
-    return profiled(profiler, f"[Strategy]{type(strategy).__name__}.batch_to_device", batch_to_device)(batch)
+    def __call__(self, batch: Any, dataloader_idx: int, *, pin: Callable[[Any], Any] | None = None) -> Any:
+        batch = self._before(self._convert_input(batch), dataloader_idx)
+        if pin is not None:
+            batch = pin(batch)
+        return self._batch_to_device(batch, dataloader_idx)
+
+    def _batch_to_device_and_after(self, batch: Any, dataloader_idx: int) -> Any:
+        return self._after(self._to_device(batch, self._device, dataloader_idx), dataloader_idx)
 
 
 StepItem = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx): what ``next(dataloader_iter)`` returns

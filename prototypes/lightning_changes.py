@@ -125,13 +125,15 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         if super()._should_check_val_fx(None):
             return True
         interval = self.trainer.val_check_batch
-        if not self._should_check_val_epoch() or interval in (None, float("inf")):
+        if interval in (None, float("inf")):
             return False
         # Why: Lightning validates when the batch count is a multiple of the interval; a step consuming several
         # batches can step over the multiple, so validate at the first step boundary at or past it.
         progress = self.batch_progress
         counted = (progress.total if self.trainer.check_val_every_n_epoch is None else progress.current).completed
-        return counted // interval > (counted - self._consumed_by_last_call()) // interval
+        passed_a_multiple = counted // interval > (counted - self._consumed_by_last_call()) // interval
+        # Why the epoch's rule last: it is a chain of calls, and most step calls pass no multiple
+        return passed_a_multiple and self._should_check_val_epoch()
 
     # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
     def _run_drain_call(self) -> tuple[bool, Any]:
@@ -208,9 +210,12 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
     def _accumulated_batches_reached(self) -> bool:
+        accumulate = self.trainer.accumulate_grad_batches
+        if accumulate == 1:
+            return True  # as Lightning's count modulo 1; why first: Lightning asks six times per batch
         if not self._steps_pull_batches():
             return super()._accumulated_batches_reached()
-        return self._step_calls_this_epoch() % self.trainer.accumulate_grad_batches == 0
+        return self._step_calls_this_epoch() % accumulate == 0
 
     # ------------------------------------------------------------------- [RFC 6] resume restores the counts
     def update_restart_stage(self) -> None:

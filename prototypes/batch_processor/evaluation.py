@@ -19,10 +19,10 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchTransfer,
     NoProgressGuard,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
-    transfer_batch,
 )
 from prototypes.lightning_changes import (
     PredictionWriterSeesStepCalls,
@@ -49,7 +49,7 @@ class _EvaluationStepsPullBatches:
     def _pull_batches(self, step: str, hooks: str, several_dataloaders: bool) -> None:
         trainer, progress = self.trainer, self.batch_progress
         assert self._data_fetcher is not None
-        batches = LookAhead(partial(fetch_within_limits, self._data_fetcher), partial(transfer_batch, trainer))
+        batches = LookAhead(partial(fetch_within_limits, self._data_fetcher), BatchTransfer(trainer))
         no_progress = NoProgressGuard(step)
         handed_out: list[StepItem] = []
 

@@ -18,10 +18,10 @@ from pytorch_lightning.trainer import call
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchTransfer,
     NoProgressGuard,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
-    transfer_batch,
 )
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
@@ -98,7 +98,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
         self._stateful_loaders = read_loader_states() is not None
         snapshot = read_loader_states if self._stateful_loaders else None
-        self._batches = LookAhead(partial(self._fetch, data_fetcher), partial(transfer_batch, self.trainer), snapshot)
+        self._batches = LookAhead(partial(self._fetch, data_fetcher), BatchTransfer(self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not self._batches.exhausted)
 

@@ -12,8 +12,9 @@ The prefetcher's three modules and what crosses between them:
 - ``loops`` installs the fetcher and runs the step calls. What the loops use of a fetcher is its public interface:
   Lightning's fetcher protocol (``iter``/``next``/``done``, ``setup``, ``reset``, ``teardown``), ``adopt()`` for
   an evaluation loop's started fetcher, ``call`` (the running or last step call, read-only to the loops),
-  ``start_drain_call()`` and ``drain_calls()`` for drain calls, ``step_stopped()`` and ``end_step_call()`` around a
-  step, ``step_batches()`` for ``self.log``, ``loader_states`` for checkpoints, and ``stop()``.
+  ``start_drain_call()`` and ``drain_calls()`` for drain calls, ``step_stopped()``, ``end_step_call()`` and
+  ``data_ended_after_call()`` around a step, ``step_batches()`` for ``self.log``, ``loader_states`` for
+  checkpoints, and ``stop()``.
 """
 
 
@@ -34,11 +35,11 @@ from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFe
 
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchTransfer,
     NoProgressGuard,
     StepIterator,
     end_of_data_vote_needed,
     every_rank_has_a_batch,
-    transfer_batch,
 )
 from prototypes.lightning_changes import CountsConsumed, loader_state_reader
 from prototypes.prefetcher.options import Options
@@ -121,7 +122,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.no_progress = NoProgressGuard(self.hook_name)
         self._loader_states: list[dict] | None = None  # state matching the consumed batches
         self._call_open = False  # a step call is running; a batch taken between calls counts toward the next call
-        self._taken_between_calls: list[tuple[Any, int]] = []  # (batch, batch_idx) a pipeline's thread took meanwhile
+        # the batches (and their batch_idx) a pipeline's thread took between two calls: they count toward the next
+        self._taken_batches: list[Any] = []
+        self._taken_indices: list[int] = []
         # Why a lock: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the iterator
         # while the loop's thread peeks for the end of data between calls; both move the head
         self._lock = threading.RLock()
@@ -133,6 +136,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._ranks_vote = True  # whether the ranks vote on the end of data; decided per epoch (_begin)
         self._step_iterator: _StepIterator | None = None
         self._thread_records_on_profiler = False  # this fetcher's prefetch thread may record the transfer hooks
+        self._transfer_path: BatchTransfer | None = None  # per loop over the data (``_begin``)
 
     @property
     def loader_states(self) -> list[dict] | None:
@@ -181,6 +185,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._read_loader_states = loader_state_reader(self._combined_loader)
         self._ranks_vote = end_of_data_vote_needed(self.trainer, self._combined_loader.flattened)
         self._loader_states = self._read_loader_states()
+        self._transfer_path = BatchTransfer(self.trainer)
         self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
         self._thread_records_on_profiler = bool(self.depth) and self.transfer_ahead
         if self._thread_records_on_profiler:
@@ -215,13 +220,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             if iterator is None or iterator.dataloader_idx != self._dataloader_idx:
                 self._close_iterator()  # the loop over the previous dataloader ended
                 iterator = self._step_iterator = _StepIterator(self, self._dataloader_idx)
-            taken, self._taken_between_calls = self._taken_between_calls, []
-            self.call = StepCall(
-                index=self.call.index + 1,
-                drain=self._draining,
-                batches=[batch for batch, _ in taken],
-                batch_indices=[batch_idx for _, batch_idx in taken],
-            )
+            # the batches a pipeline's thread took since the previous call start this call's lists
+            self.call = StepCall(self.call.index + 1, self._draining, self._taken_batches, self._taken_indices)
+            self._taken_batches, self._taken_indices = [], []
             self._call_open = True
         return iterator
 
@@ -246,6 +247,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """The step call returned; its iterator stays valid until the loop over its dataloader ends."""
         self._call_open = False
 
+    def data_ended_after_call(self) -> bool:
+        """The step call returned (a ``next()`` until the next call counts toward that one): whether the data ended.
+        Why after closing the call: between two calls ``done`` is the ranks' vote (C16)."""
+        self._call_open = False
+        return self.done
+
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
         """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks
         may vote on the end here (only the loop's thread asks with it)."""
@@ -268,7 +275,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 self.call.batches.append(head.batch)
                 self.call.batch_indices.append(head.batch_idx)
             else:
-                self._taken_between_calls.append((head.batch, head.batch_idx))
+                self._taken_batches.append(head.batch)
+                self._taken_indices.append(head.batch_idx)
             self.progress.count_consumed()
         return head.batch, head.batch_idx, head.dataloader_idx
 
@@ -303,9 +311,10 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         with self._lock:
             if self._ended_on_every_rank:
                 return None
-            head = self._peek()
-            inside_a_call = self._call_open
-            if not self._ranks_vote or inside_a_call or self._voted_before_call == self.call.index:
+            head = self._head
+            if head is None and not self._exhausted:  # ``_peek()``, inlined: the loop asks three times per call
+                head = self._head = self._take()
+            if not self._ranks_vote or self._call_open or self._voted_before_call == self.call.index:
                 return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
             self._voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
@@ -383,7 +392,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         Why pin: a copy from pageable memory is synchronous even with ``non_blocking=True`` (apex #304).
         """
         pinning = functools.partial(apply_to_collection, dtype=torch.Tensor, function=_pinned) if pin else None
-        return transfer_batch(self.trainer, batch, dataloader_idx, pin=pinning)
+        return self._transfer_path(batch, dataloader_idx, pin=pinning)
 
     def _limited(self) -> bool:
         """Whether a ``limit_*_batches`` cuts any loader short of its length."""
@@ -396,7 +405,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped. The loop over
         the data ended: the step's iterator hands out nothing more (C14 a)."""
         self._close_iterator()
-        self._call_open, self._taken_between_calls = False, []
+        self._call_open, self._taken_batches, self._taken_indices = False, [], []
         if self.prefetcher is not None:
             self.prefetcher.shutdown()
             self.prefetcher = None
@@ -404,6 +413,8 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 self.options.thread_stopped_recording(self.trainer.profiler)
                 self._thread_records_on_profiler = False
         self._head = None
+        # Why: it holds the run's hooks and profiler wrappers, which a Trainer pickled after fit (C1) must not carry
+        self._transfer_path = None
 
     def reset(self) -> None:
         super().reset()

@@ -45,13 +45,8 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
         if fetcher is None:
             return super().run(optimizer, batch_idx, kwargs)
         step_call_idx = fetcher.call.index - 1
-
-        def data_ended() -> bool:
-            fetcher.end_step_call()  # the step returned: a next() until the next call counts toward that one
-            return fetcher.done  # Why after closing: between two calls `done` is the ranks' vote (C16)
-
         try:
-            return self.run_step_call(kwargs, step_call_idx, fetcher.call.drain, data_ended)
+            return self.run_step_call(kwargs, step_call_idx, fetcher.call.drain, fetcher.data_ended_after_call)
         except StopIteration:
             fetcher.step_stopped()
             # Why: the step's next() found the end of the data: no backward ran, earlier calls' gradients are still
