@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -232,3 +235,58 @@ def test_design_entries_add_the_depths_of_a_design_that_prefetches_only() -> Non
         depths = [workloads.depth_of(d) for d in prefetching if d.name == name]
         assert {0, 1, 2, 4} <= set(depths) and len(depths) == len(set(depths))
         assert sum(workloads.is_default(d) for d in prefetching if d.name == name) == 1
+
+
+# ------------------------------------------------------------------------------------------------- lockstep
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _fake_run(name: str, log: Path, batches: int = 12, produce_on_a_thread: bool = False, fail_at: int = -1):
+    """A run as a scenario's is seen by the probe: produce, work, receive; each receipt logged as ``name i``."""
+
+    def run() -> measuring.Probe:
+        probe = measuring.Probe()
+        for i in range(batches):
+            if produce_on_a_thread:
+                thread = threading.Thread(target=probe.batch_produced)
+                thread.start()
+                thread.join()
+            else:
+                probe.batch_produced()
+            if i == fail_at:
+                raise ValueError(f"{name} failed at batch {i}")
+            _spin(0.001)
+            with open(log, "a") as out:
+                out.write(f"{name} {i}\n")
+            probe.batch_received(torch.full((1, 2), float(i)))
+        return probe
+
+    return run
+
+
+@pytest.mark.timeout(60)
+def test_lockstep_runs_take_turns_batch_by_batch_from_the_window_on(tmp_path: Path) -> None:
+    log, skip = tmp_path / "receipts", 3
+    pair = measuring.lockstep(_fake_run("a", log), _fake_run("b", log), skip)
+    receipts = [line.split() for line in log.read_text().splitlines()]
+    in_window = [name for name, i in receipts if int(i) > skip]
+    assert in_window == ["a", "b"] * (12 - 1 - skip)  # strictly alternating, the first run first
+    assert pair.first_s > 0 and pair.second_s > 0 and not pair.threaded
+    assert pair.ratio == pair.second_s / pair.first_s
+
+
+@pytest.mark.timeout(60)
+def test_lockstep_marks_a_pair_whose_batches_come_from_a_thread(tmp_path: Path) -> None:
+    log = tmp_path / "receipts"
+    assert measuring.lockstep(_fake_run("a", log), _fake_run("b", log, produce_on_a_thread=True), 2).threaded
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fail_at", [1, 6], ids=["before-the-window", "in-the-window"])
+def test_lockstep_raises_a_failing_runs_error_without_hanging_the_other(tmp_path: Path, fail_at: int) -> None:
+    log = tmp_path / "receipts"
+    with pytest.raises(RuntimeError, match="b failed at batch"):
+        measuring.lockstep(_fake_run("a", log), _fake_run("b", log, fail_at=fail_at), 3)

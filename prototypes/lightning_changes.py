@@ -40,37 +40,48 @@ class CountsConsumed:
     """Progress in batches consumed, however many a step call takes (mixed into Lightning's progress classes).
 
     Lightning's loops increment ready and started before each step call and processed and completed after it. While
-    ``counts_consumed`` is set (a design sets it while the step pulls batches), ``count_consumed()`` counts ready and
-    started per batch handed out, and the per-call ``increment_processed`` / ``increment_completed`` only bring
-    processed and completed up to that count; otherwise this is Lightning's class. ``counts_consumed`` is not a
-    dataclass field: a checkpoint holds exactly the fields stock Lightning's class has.
+    ``counts_consumed`` is on (a design turns it on while the step pulls batches), ``count_consumed()`` counts ready
+    and started per batch handed out, Lightning's per-call ``increment_ready`` / ``increment_started`` do nothing, and
+    its per-call ``increment_processed`` / ``increment_completed`` only bring processed and completed up to that
+    count. Off, this is Lightning's class with Lightning's own methods.
+
+    Why the four are shadowed on the instance, not overridden: a regular module's loop calls them for every batch,
+    and an override that defers to Lightning's would be per-batch work the regular flavour pays for nothing (C1). The
+    shadowing methods are not dataclass fields: a checkpoint holds exactly the fields stock Lightning's class has.
     """
 
-    counts_consumed = False
     total: Any
     current: Any
 
+    @property
+    def counts_consumed(self) -> bool:
+        return "increment_ready" in vars(self)
+
+    @counts_consumed.setter
+    def counts_consumed(self, on: bool) -> None:
+        shadowed = vars(self)
+        if not on:
+            for name in ("increment_ready", "increment_started", "increment_processed", "increment_completed"):
+                shadowed.pop(name, None)
+            return
+        shadowed.update(increment_ready=_counted_per_batch, increment_started=_counted_per_batch,
+                        increment_processed=self._processed_up_to_started,
+                        increment_completed=self._completed_up_to_processed)
+
     def count_consumed(self) -> None:
-        super().increment_ready()  # type: ignore[misc]
-        super().increment_started()  # type: ignore[misc]
+        total, current = self.total, self.current
+        total.ready, current.ready = total.ready + 1, current.ready + 1
+        total.started, current.started = total.started + 1, current.started + 1
 
-    def increment_ready(self) -> None:
-        if not self.counts_consumed:
-            super().increment_ready()  # type: ignore[misc]
-
-    def increment_started(self) -> None:
-        if not self.counts_consumed:
-            super().increment_started()  # type: ignore[misc]
-
-    def increment_processed(self) -> None:
-        if not self.counts_consumed:
-            return super().increment_processed()  # type: ignore[misc]
+    def _processed_up_to_started(self) -> None:
         self.total.processed, self.current.processed = self.total.started, self.current.started
 
-    def increment_completed(self) -> None:
-        if not self.counts_consumed:
-            return super().increment_completed()  # type: ignore[misc]
+    def _completed_up_to_processed(self) -> None:
         self.total.completed, self.current.completed = self.total.processed, self.current.processed
+
+
+def _counted_per_batch() -> None:
+    """Lightning's per-call ready and started, while ``count_consumed()`` counts them per batch."""
 
 
 class ConsumedBatchProgress(CountsConsumed, _BatchProgress):
@@ -366,7 +377,6 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         super().__init__(trainer)
         self._window_open = False  # gradients accumulated since the last optimizer step
         self._window_loss: torch.Tensor | None = None  # the loss of the window's last call
-        self._in_drain_call = False
 
     def start_epoch(self) -> None:
         """The epoch's first step call starts a window."""
@@ -379,11 +389,17 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
         """
         trainer, optimizer = self.trainer, self.trainer.optimizers[0]
-        self._in_drain_call = drain
-        try:
+        if drain and not self._skip_backward:
+            # Why on the instance, for this call only: a drain call is a window of its own (the epoch's last batch
+            # closed the previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches; an
+            # override would be a call more on every batch
+            self._make_zero_grad_fn = self._zero_grad_fn_of_a_drain_call
+            try:
+                closure = self._make_closure(kwargs, optimizer, step_call_idx)
+            finally:
+                del self._make_zero_grad_fn
+        else:
             closure = self._make_closure(kwargs, optimizer, step_call_idx)
-        finally:
-            self._in_drain_call = False
         # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
         # Whether this call closes its window is known only after it ran, so every backward syncs: one
         # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
@@ -421,12 +437,7 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         self._optimizer_step(step_call_idx, computed_loss)
         self._window_open, self._window_loss = False, None
 
-    def _make_zero_grad_fn(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None] | None:
-        if not self._in_drain_call or self._skip_backward:
-            return super()._make_zero_grad_fn(batch_idx, optimizer)
-
-        # Why: a drain call is a window of its own (the epoch's last batch closed the previous one), while Lightning
-        # zeroes only at a multiple of accumulate_grad_batches
+    def _zero_grad_fn_of_a_drain_call(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
         def zero_grad_fn() -> None:
             self._on_before_zero_grad(optimizer)
             self._optimizer_zero_grad(batch_idx, optimizer)

@@ -156,6 +156,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
     @property
     def done(self) -> bool:
+        # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and, where the ranks
+        # vote, voted on; the answer is then "not done" without the lock
+        if self._head is not None and (
+            not self._ranks_vote or self._call_open or self._voted_before_call == self.call.index
+        ):
+            return False
         return self._peek_on_every_rank() is None
 
     @done.setter
@@ -208,7 +214,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if head is None:
             raise StopIteration
         if self.call.index:
-            self.no_progress.step_returned(self.call.consumed)  # of the previous call
+            self.no_progress.step_returned(len(self.call.batch_indices))  # what the previous call consumed
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
         return self._start_step_call()
 
@@ -256,8 +262,15 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
         """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks
         may vote on the end here (only the loop's thread asks with it)."""
-        with self._lock:  # Why: ``_peek`` may take from the queue
-            head = self._peek_on_every_rank() if vote else (None if self._ended_on_every_rank else self._peek())
+        with self._lock:  # Why: the peek may take from the queue
+            if vote:
+                head = self._peek_on_every_rank()
+            elif self._ended_on_every_rank:
+                head = None
+            else:
+                head = self._head
+                if head is None and not self._exhausted:
+                    head = self._head = self._take()
         return head is None or head.dataloader_idx != dataloader_idx
 
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
@@ -312,7 +325,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             if self._ended_on_every_rank:
                 return None
             head = self._head
-            if head is None and not self._exhausted:  # ``_peek()``, inlined: the loop asks three times per call
+            if head is None and not self._exhausted:
                 head = self._head = self._take()
             if not self._ranks_vote or self._call_open or self._voted_before_call == self.call.index:
                 return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
@@ -321,11 +334,6 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 return head
             self._head, self._exhausted, self._ended_on_every_rank = None, True, True
             return None
-
-    def _peek(self) -> _Produced | None:
-        if self._head is None and not self._exhausted:
-            self._head = self._take()
-        return self._head
 
     def _take(self) -> _Produced | None:
         if self.prefetcher is None:

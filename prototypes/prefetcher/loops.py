@@ -100,10 +100,9 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)
-        fetcher = self._prefetching()
-        if fetcher is None:
-            return
-        self._drain_if_the_data_ended(fetcher.call.cut_short)
+        fetcher = self.trainer.fit_loop.prefetching
+        if fetcher is not None:
+            self._drain_if_the_data_ended(fetcher.call.cut_short)
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:

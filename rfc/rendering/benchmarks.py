@@ -56,6 +56,10 @@ COLUMN_LABELS = {
     "best_alternative": "fastest alternative",
     "vs_fixed_depth": "time vs the same design at a fixed depth",
     "overhead_vs_stock": "time vs stock, same flavour",
+    "overhead_vs_stock_interleaved": "time vs stock, same flavour, interleaved rounds",
+    "paired": "lockstep pairs",
+    "pairs": "pairs",
+    "same_entry_ratio": "stock over itself, lockstep pairs",
     "t_stock_iter_ms": "stock dataloader_iter (ms)",
     "timed_batches": "timed batches",
     "workers": "workers",
@@ -97,8 +101,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
                details=["design", "R_target_ms", "C_target_ms", "n_batches", "rounds"]),
     "S3": dict(lead=["design", "flavour", "time_per_batch_ms", "overhead_vs_stock", "overhead_vs_regular",
                      "off_main_thread", TARGETS_COLUMN],
-               details=["design", "flavour", "t_regular_ms", "t_stock_iter_ms", "t_raw_ms", "overhead_vs_raw",
-                        "n_batches", "rounds"]),
+               details=["design", "flavour", "paired", "pairs", "overhead_vs_stock_interleaved", "t_regular_ms",
+                        "t_stock_iter_ms", "t_raw_ms", "overhead_vs_raw", "n_batches", "rounds"]),
     "S4": dict(lead=["design", "depth", "time_per_batch_ms", "efficiency", "peak_in_flight", "in_flight_limit",
                      "peak_rss_delta_mb", TARGETS_COLUMN],
                details=["design", "L_ms", "C_ms", "t_serial_ms", "t_ideal_ms", "peak_rss_mb", "off_main_thread",
@@ -117,7 +121,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "S3-profile": dict(lead=["design", "function", "extra_us_per_batch", "us_per_batch", "stock_us_per_batch"],
                        details=[]),
 }
-BASELINE_COLUMNS = ["design", "point", "flavour", "depth", "time_per_batch_ms", "rounds"]
+BASELINE_COLUMNS = ["design", "point", "flavour", "depth", "time_per_batch_ms", "rounds", "same_entry_ratio", "pairs"]
 UNSHOWN = {"role", "default", "L_over_C", "M_over_C"}  # the design cell and the point show these
 # a figure's interval is shown with the figure: "<figure>_interval" is never a column of its own
 ROLE_NOTE = {"baseline": "baseline", "alternative": "alternative"}

@@ -180,14 +180,9 @@ def _skips_the_epochs_last_window(original: Callable[..., Any]) -> Callable[...,
     return close_window
 
 
-def _complete_one_batch_per_call(original: Callable[..., Any]) -> Callable[..., Any]:
-    def increment_completed(self: Any) -> None:
-        if not self.counts_consumed:
-            return original(self)
-        for counts in (self.total, self.current):  # as Lightning's own class does, whatever the call consumed
-            counts.completed = min(counts.processed, counts.completed + 1)
-
-    return increment_completed
+def _complete_one_batch_per_call(self: Any) -> None:
+    for counts in (self.total, self.current):  # as Lightning's own class does, whatever the call consumed
+        counts.completed = min(counts.processed, counts.completed + 1)
 
 
 def _saves_step_calls_for_every_module(self: Any) -> dict:
@@ -422,7 +417,8 @@ CATALOGUE: tuple[Defect, ...] = (
            (C06 + "test_completed_progress_equals_batches_consumed",), SIZED),
     Defect("completed_counts_one_per_call", "C6", "batch_processor",
            "completes at most one batch per step call",
-           (lightning_changes.ConsumedBatchProgress, "increment_completed"), _complete_one_batch_per_call,
+           (lightning_changes.ConsumedBatchProgress, "_completed_up_to_processed"),
+           _instead(_complete_one_batch_per_call),
            (C06 + "test_completed_progress_equals_batches_consumed",), SIZED),
     # C7 Limits
     Defect("limit_off_by_one", "C7", "prefetcher", "delivers one batch more than `limit_train_batches`",
