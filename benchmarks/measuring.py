@@ -324,14 +324,13 @@ class Pair:
 def lockstep(first: Callable[[], Probe], second: Callable[[], Probe], skip: int) -> Pair:
     """Run two entries at once in two forked processes pinned to one core, taking turns batch by batch.
 
-    Why: on a shared virtual machine the speed of a core drifts by tens of percent within a second (a plain Python
-    loop timed back to back varies by 1.8x here), so two runs made one after the other differ by as much as the
-    overheads S3 judges, however they are interleaved. Alternating the two runs at every batch on one core gives both
-    the same machine at the same moment: only their own work differs. Each turn runs one period (from receiving a batch
-    to receiving the next) of one entry while the other process waits; the waiting costs neither entry a period.
-    Only the main thread waits, so an entry whose batches come from a background thread would load them during the
-    other's turn: such a pair is marked ``threaded`` and its ratio is not fair (S3 measures those entries in
-    interleaved solo rounds instead).
+    Why: on a shared virtual machine the speed of a core drifts by tens of percent within a second, so two runs made
+    one after the other differ by as much as the overheads S3 judges, however they are interleaved. Alternating the
+    two runs at every batch on one core gives both the same machine at the same moment: only their own work differs.
+    Each turn runs one period (from receiving a batch to receiving the next) of one entry while the other process
+    waits; the waiting costs neither entry a period. Only the main thread waits, so an entry whose batches come from
+    a background thread would load them during the other's turn: such a pair is marked ``threaded`` and its ratio is
+    not fair (S3 measures those entries in interleaved solo rounds instead).
     """
     context = multiprocessing.get_context("fork")  # the children inherit the registry, the burner, the sizes
     semaphores = context.Semaphore(0), context.Semaphore(0)
@@ -350,7 +349,8 @@ def lockstep(first: Callable[[], Probe], second: Callable[[], Probe], skip: int)
     outcomes = []
     for child, (reader, writer) in zip(children, pipes, strict=True):
         writer.close()
-        outcome = reader.recv() if reader.poll(_LOCKSTEP_TIMEOUT_S * 4) else ("error", "no result (a hang?)")
+        waited = reader.poll(_LOCKSTEP_TIMEOUT_S * 2)  # a run takes seconds; a child that hangs is given up on
+        outcome = reader.recv() if waited else ("error", f"no result within {_LOCKSTEP_TIMEOUT_S * 2:.0f} s (a hang?)")
         child.join(timeout=_LOCKSTEP_TIMEOUT_S)
         if child.is_alive():
             child.kill()
