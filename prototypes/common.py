@@ -249,15 +249,12 @@ class BatchTransfer:
         self._batch_to_device = profiled(
             profiler, f"[Strategy]{type(strategy).__name__}.batch_to_device", self._batch_to_device_and_after
         )
-        self._profiled = self._batch_to_device is not self._batch_to_device_and_after
 
     def __call__(self, batch: Any, dataloader_idx: int, *, pin: Callable[[Any], Any] | None = None) -> Any:
         batch = self._before(self._convert_input(batch), dataloader_idx)
         if pin is not None:
             batch = pin(batch)
-        if self._profiled:
-            return self._batch_to_device(batch, dataloader_idx)
-        return self._after(self._to_device(batch, self._device, dataloader_idx), dataloader_idx)  # a call fewer
+        return self._batch_to_device(batch, dataloader_idx)
 
     def _batch_to_device_and_after(self, batch: Any, dataloader_idx: int) -> Any:
         return self._after(self._to_device(batch, self._device, dataloader_idx), dataloader_idx)

@@ -156,11 +156,9 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
     @property
     def done(self) -> bool:
-        # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and, where the ranks
-        # vote, voted on; the answer is then "not done" without the lock
-        if self._head is not None and (
-            not self._ranks_vote or self._call_open or self._voted_before_call == self.call.index
-        ):
+        # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
+        # answer is then "not done" without the lock
+        if self._head is not None and not self._vote_due():
             return False
         return self._peek_on_every_rank() is None
 
@@ -256,21 +254,14 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     def data_ended_after_call(self) -> bool:
         """The step call returned (a ``next()`` until the next call counts toward that one): whether the data ended.
         Why after closing the call: between two calls ``done`` is the ranks' vote (C16)."""
-        self._call_open = False
+        self.end_step_call()
         return self.done
 
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
         """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks
         may vote on the end here (only the loop's thread asks with it)."""
         with self._lock:  # Why: the peek may take from the queue
-            if vote:
-                head = self._peek_on_every_rank()
-            elif self._ended_on_every_rank:
-                head = None
-            else:
-                head = self._head
-                if head is None and not self._exhausted:
-                    head = self._head = self._take()
+            head = self._peek_on_every_rank() if vote else (None if self._ended_on_every_rank else self._peek())
         return head is None or head.dataloader_idx != dataloader_idx
 
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
@@ -324,16 +315,24 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         with self._lock:
             if self._ended_on_every_rank:
                 return None
-            head = self._head
-            if head is None and not self._exhausted:
-                head = self._head = self._take()
-            if not self._ranks_vote or self._call_open or self._voted_before_call == self.call.index:
-                return head  # no vote where every rank's loaders end together (``end_of_data_vote_needed``)
+            head = self._peek()
+            if not self._vote_due():
+                return head
             self._voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
                 return head
             self._head, self._exhausted, self._ended_on_every_rank = None, True, True
             return None
+
+    def _vote_due(self) -> bool:
+        """Whether the ranks vote now: between two calls, once per call, where loaders can end unevenly
+        (``end_of_data_vote_needed``)."""
+        return self._ranks_vote and not self._call_open and self._voted_before_call != self.call.index
+
+    def _peek(self) -> _Produced | None:
+        if self._head is None and not self._exhausted:
+            self._head = self._take()
+        return self._head
 
     def _take(self) -> _Produced | None:
         if self.prefetcher is None:
