@@ -10,7 +10,6 @@ private loop API; ``prototypes.common`` holds what needs only the public API.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import itertools
 from collections.abc import Callable
@@ -55,18 +54,20 @@ class CountsConsumed:
 
     @property
     def counts_consumed(self) -> bool:
-        return "increment_ready" in vars(self)
+        return self.increment_ready is _counted_per_batch  # type: ignore[attr-defined]
 
     @counts_consumed.setter
     def counts_consumed(self, on: bool) -> None:
-        shadowed = vars(self)
+        # Why setattr/delattr, never vars(self): reading an instance's __dict__ makes CPython keep a real dict for it,
+        # and every attribute and method lookup on the object (Lightning's, dozens per batch) gets slower
         if not on:
-            for name in ("increment_ready", "increment_started", "increment_processed", "increment_completed"):
-                shadowed.pop(name, None)
+            if self.counts_consumed:
+                for name in _SHADOWED_INCREMENTS:
+                    delattr(self, name)
             return
-        shadowed.update(increment_ready=_counted_per_batch, increment_started=_counted_per_batch,
-                        increment_processed=self._processed_up_to_started,
-                        increment_completed=self._completed_up_to_processed)
+        self.increment_ready = self.increment_started = _counted_per_batch
+        self.increment_processed = self._processed_up_to_started
+        self.increment_completed = self._completed_up_to_processed
 
     def count_consumed(self) -> None:
         total, current = self.total, self.current
@@ -78,6 +79,9 @@ class CountsConsumed:
 
     def _completed_up_to_processed(self) -> None:
         self.total.completed, self.current.completed = self.total.processed, self.current.processed
+
+
+_SHADOWED_INCREMENTS = ("increment_ready", "increment_started", "increment_processed", "increment_completed")
 
 
 def _counted_per_batch() -> None:
@@ -98,16 +102,17 @@ class StockProfilerActions:
 
     trainer: pl.Trainer
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Why computed once: read twice per batch, and a loop's class and stage never change. Why not a
+        # functools.cached_property: it writes the instance's __dict__, which makes every lookup on the loop slower
+        self._stock_fetch_action = stock_fetch_action(self)
+
     def _on_before_fetch(self) -> None:
         self.trainer.profiler.start(self._stock_fetch_action)
 
     def _on_after_fetch(self) -> None:
         self.trainer.profiler.stop(self._stock_fetch_action)
-
-    @functools.cached_property
-    def _stock_fetch_action(self) -> str:
-        # Why cached: read twice per batch, and a loop's class and stage never change
-        return stock_fetch_action(self)
 
 
 class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):

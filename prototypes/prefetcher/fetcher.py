@@ -52,7 +52,8 @@ class StepCall:
 
     ``index`` counts the epoch's step calls up to this one, drain calls included (gradient accumulation counts step
     calls). ``batches`` and ``batch_indices`` are what the call consumed, in order; ``cut_short``: the call ended in
-    the StopIteration of its dataloader's end; ``drain``: a drain call (C17), which finds no batch left.
+    the StopIteration of its dataloader's end; ``drain``: a drain call (C17), which finds no batch left; ``open``: the
+    call is running (a batch taken while none is open counts toward the next call).
     """
 
     index: int = 0
@@ -60,6 +61,7 @@ class StepCall:
     batches: list[Any] = field(default_factory=list)
     batch_indices: list[int] = field(default_factory=list)
     cut_short: bool = False
+    open: bool = False
 
     @property
     def consumed(self) -> int:
@@ -107,36 +109,37 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     ``progress`` (``count_consumed()``).
     """
 
+    # the evaluation loops' drain calls at the end of a dataloader (C17); None in training, which drains in its loop.
+    # Why on the class: an instance attribute fewer for the training fetcher (see the end of __init__)
+    drain_dataloader: Callable[[int], None] | None = None
+
     def __init__(self, trainer: pl.Trainer, options: Options, hook_name: str, progress: CountsConsumed) -> None:
         super().__init__()
         self.trainer = trainer
         self.options = options
         self.hook_name = hook_name
         self.progress = progress
-        self.depth = options.depth
-        self.transfer_ahead = options.transfer_ahead
-        self.copy_stream = options.side_stream(trainer)  # None off CUDA / without background transfer
+        options.side_stream(trainer)  # made here, on the loop's thread; None off CUDA / without background transfer
         self.prefetcher: Prefetcher | None = None
         self.call = StepCall()  # the running step call, or the last one
-        self._draining = False  # the epoch's data ended and the step is called for the batches it holds (C17)
         self.no_progress = NoProgressGuard(self.hook_name)
         self._loader_states: list[dict] | None = None  # state matching the consumed batches
-        self._call_open = False  # a step call is running; a batch taken between calls counts toward the next call
-        # the batches (and their batch_idx) a pipeline's thread took between two calls: they count toward the next
-        self._taken_batches: list[Any] = []
-        self._taken_indices: list[int] = []
+        # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
+        self._taken_between_calls: list[tuple[Any, int]] = []
         # Why a lock: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the iterator
         # while the loop's thread peeks for the end of data between calls; both move the head
         self._lock = threading.RLock()
-        # the evaluation loops' drain calls at the end of a dataloader (C17); None in training, which drains in its loop
-        self.drain_dataloader: Callable[[int], None] | None = None
         self._head: _Produced | None = None  # the peeked next batch, already taken from the queue
         self._voted_before_call: int | None = None  # the step call the ranks last agreed to start
-        self._ended_on_every_rank = False
-        self._ranks_vote = True  # whether the ranks vote on the end of data; decided per epoch (_begin)
+        # whether the ranks vote on the end of data: decided per epoch (_begin), off once they agreed it ended
+        self._ranks_vote = True
         self._step_iterator: _StepIterator | None = None
-        self._thread_records_on_profiler = False  # this fetcher's prefetch thread may record the transfer hooks
         self._transfer_path: BatchTransfer | None = None  # per loop over the data (``_begin``)
+        self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
+        self._resumed_at = 0  # the batch count the loader resumed at (after a checkpoint)
+        self._read_loader_states: Callable[[], list[dict] | None] = lambda: None  # per loop over the data
+        # Why no more attributes (29 at most, with Lightning's): past that CPython keeps a real dict for the instance,
+        # and every attribute lookup on the fetcher, many per batch, gets slower
 
     @property
     def loader_states(self) -> list[dict] | None:
@@ -184,14 +187,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return self._begin()
 
     def _begin(self) -> _PrefetchingIterFetcher:
-        self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
-        self._resumed_at = 0
+        self._produced, self._resumed_at = None, 0
         self._read_loader_states = loader_state_reader(self._combined_loader)
         self._ranks_vote = end_of_data_vote_needed(self.trainer, self._combined_loader.flattened)
         self._loader_states = self._read_loader_states()
         self._transfer_path = BatchTransfer(self.trainer)
-        self.prefetcher = Prefetcher(self._produce, self.depth, name=f"prefetcher-{self.hook_name}")
-        self._thread_records_on_profiler = bool(self.depth) and self.transfer_ahead
+        self.prefetcher = Prefetcher(self._produce, self.options.depth, name=f"prefetcher-{self.hook_name}")
         if self._thread_records_on_profiler:
             self.options.thread_records_on(self.trainer.profiler)
         return self
@@ -216,7 +217,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
         return self._start_step_call()
 
-    def _start_step_call(self) -> _StepIterator:
+    @property
+    def _thread_records_on_profiler(self) -> bool:
+        """Whether this fetcher's prefetch thread may record the transfer hooks on the profiler."""
+        return bool(self.options.depth) and self.options.transfer_ahead
+
+    def _start_step_call(self, drain: bool = False) -> _StepIterator:
         """The iterator for a new step call: the one of the current dataloader, made when the loop reaches it (C14 a).
         Batches a pipeline's thread took since the previous call count toward this one."""
         with self._lock:
@@ -224,32 +230,33 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             if iterator is None or iterator.dataloader_idx != self._dataloader_idx:
                 self._close_iterator()  # the loop over the previous dataloader ended
                 iterator = self._step_iterator = _StepIterator(self, self._dataloader_idx)
-            # the batches a pipeline's thread took since the previous call start this call's lists
-            self.call = StepCall(self.call.index + 1, self._draining, self._taken_batches, self._taken_indices)
-            self._taken_batches, self._taken_indices = [], []
-            self._call_open = True
+            self.call = StepCall(self.call.index + 1, drain, open=True)
+            if self._taken_between_calls:  # a pipeline's thread took batches since the previous call
+                for batch, batch_idx in self._taken_between_calls:
+                    self.call.batches.append(batch)
+                    self.call.batch_indices.append(batch_idx)
+                self._taken_between_calls = []
         return iterator
 
     def start_drain_call(self) -> _StepIterator:
         """A drain call's iterator (inside ``drain_calls()``): it finds no batch left."""
-        assert self._draining, "a drain call starts inside drain_calls()"
-        return self._start_step_call()
+        return self._start_step_call(drain=True)
 
     @contextlib.contextmanager
     def drain_calls(self) -> Iterator[None]:
         """While the loop makes drain calls (C17). Afterwards ``call`` is again the call that took the epoch's last
         batch: the validation interval and a checkpoint look at its batches, not a drain call's."""
-        last, self._draining = self.call, True
+        last = self.call
         try:
             yield
         finally:
-            index, self._draining = self.call.index, False
+            index = self.call.index
             self.call = last
             self.call.index = index  # the drain calls were step calls too
 
     def end_step_call(self) -> None:
         """The step call returned; its iterator stays valid until the loop over its dataloader ends."""
-        self._call_open = False
+        self.call.open = False
 
     def data_ended_after_call(self) -> bool:
         """The step call returned (a ``next()`` until the next call counts toward that one): whether the data ended.
@@ -261,7 +268,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks
         may vote on the end here (only the loop's thread asks with it)."""
         with self._lock:  # Why: the peek may take from the queue
-            head = self._peek_on_every_rank() if vote else (None if self._ended_on_every_rank else self._peek())
+            head = self._peek_on_every_rank() if vote else self._peek()
         return head is None or head.dataloader_idx != dataloader_idx
 
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
@@ -274,13 +281,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             self.prefetcher.release()
             self.fetched += 1
             self._loader_states = head.loader_states
-            if self._call_open:
+            if self.call.open:
                 self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
                 self.call.batches.append(head.batch)
                 self.call.batch_indices.append(head.batch_idx)
             else:
-                self._taken_batches.append(head.batch)
-                self._taken_indices.append(head.batch_idx)
+                self._taken_between_calls.append((head.batch, head.batch_idx))
             self.progress.count_consumed()
         return head.batch, head.batch_idx, head.dataloader_idx
 
@@ -313,21 +319,20 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         batches need no vote.
         """
         with self._lock:
-            if self._ended_on_every_rank:
-                return None
             head = self._peek()
             if not self._vote_due():
                 return head
             self._voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
                 return head
-            self._head, self._exhausted, self._ended_on_every_rank = None, True, True
+            # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
+            self._head, self._exhausted, self._ranks_vote = None, True, False
             return None
 
     def _vote_due(self) -> bool:
         """Whether the ranks vote now: between two calls, once per call, where loaders can end unevenly
         (``end_of_data_vote_needed``)."""
-        return self._ranks_vote and not self._call_open and self._voted_before_call != self.call.index
+        return self._ranks_vote and not self.call.open and self._voted_before_call != self.call.index
 
     def _peek(self) -> _Produced | None:
         if self._head is None and not self._exhausted:
@@ -354,11 +359,11 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if produced.ready is not None:
             # Why (sync point): the compute stream must not read the batch before the side stream's copies finish,
             # and the allocator must not hand these buffers back to the side stream while the step still uses them.
-            compute_stream = torch.cuda.current_stream(self.copy_stream.device)
+            compute_stream = torch.cuda.current_stream(self.options.copy_stream.device)
             compute_stream.wait_event(produced.ready)
             for tensor in _cuda_tensors(produced.batch):
                 tensor.record_stream(compute_stream)
-        if not self.transfer_ahead:
+        if not self.options.transfer_ahead:
             produced = produced._replace(batch=self._transfer(produced.batch, produced.dataloader_idx))
         return produced
 
@@ -383,13 +388,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if self.length is not None and self._produced > self.length:
             raise _LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
         states = self._read_loader_states()  # snapshot on the thread that drives the loader: consistent
-        ready = None
-        if self.transfer_ahead and self.copy_stream is not None:
+        ready, copy_stream = None, self.options.copy_stream
+        if self.options.transfer_ahead and copy_stream is not None:
             # Why set the device: a new thread starts on device 0, whatever device this rank trains on.
-            with torch.cuda.device(self.copy_stream.device), torch.cuda.stream(self.copy_stream):
+            with torch.cuda.device(copy_stream.device), torch.cuda.stream(copy_stream):
                 batch = self._transfer(batch, dataloader_idx, pin=True)
-                ready = self.copy_stream.record_event()
-        elif self.transfer_ahead:
+                ready = copy_stream.record_event()
+        elif self.options.transfer_ahead:
             batch = self._transfer(batch, dataloader_idx)
         return _Produced(batch, batch_idx, dataloader_idx, states, ready)
 
@@ -412,13 +417,12 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped. The loop over
         the data ended: the step's iterator hands out nothing more (C14 a)."""
         self._close_iterator()
-        self._call_open, self._taken_batches, self._taken_indices = False, [], []
+        self.call.open, self._taken_between_calls = False, []
         if self.prefetcher is not None:
             self.prefetcher.shutdown()
             self.prefetcher = None
             if self._thread_records_on_profiler:  # the thread has exited
                 self.options.thread_stopped_recording(self.trainer.profiler)
-                self._thread_records_on_profiler = False
         self._head = None
         # Why: it holds the run's hooks and profiler wrappers, which a Trainer pickled after fit (C1) must not carry
         self._transfer_path = None
@@ -427,7 +431,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         super().reset()
         self.call = StepCall()
         self.no_progress = NoProgressGuard(self.hook_name)
-        self._voted_before_call, self._ended_on_every_rank = None, False
+        self._voted_before_call = None
 
     def teardown(self) -> None:
         self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them

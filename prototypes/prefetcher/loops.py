@@ -141,9 +141,13 @@ class _InstallsPrefetchingFetcher:
         loop holds as an attribute, and a checkpoint must hold what stock Lightning's loops hold (C1)."""
         return self.batch_progress  # type: ignore[attr-defined]
 
+    # Why its own attribute, not ``self.__dict__["_data_fetcher"]``: touching an instance's __dict__ makes CPython keep
+    # a real dict for it, and Lightning's lookups on the loop (many per batch) get slower
+    _installed_fetcher: _DataFetcher | None = None
+
     @property
     def _data_fetcher(self) -> _DataFetcher | None:
-        return self.__dict__["_data_fetcher"]
+        return self._installed_fetcher
 
     @_data_fetcher.setter
     def _data_fetcher(self, fetcher: _DataFetcher | None) -> None:
@@ -156,8 +160,9 @@ class _InstallsPrefetchingFetcher:
             fetcher = _PrefetchingIterFetcher(self.trainer, self.options, self.step_name, self.counted_progress)
             if started.iterator is not None:
                 fetcher.adopt(started)
-            fetcher.drain_dataloader = self._drain_dataloader
-        self.__dict__["_data_fetcher"] = fetcher
+            if self._drain_dataloader is not None:
+                fetcher.drain_dataloader = self._drain_dataloader
+        self._installed_fetcher = fetcher
         self.prefetching = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
         if fetcher is not None:
             self.counted_progress.counts_consumed = self.prefetching is not None
