@@ -120,12 +120,14 @@ SMOKE = Sizes(
 # here, with intervals too wide to judge most targets). No warm-up round: each run is timed over its
 # steady-state window, so a run's one-off costs fall outside it, and the calibration and pilot rounds run every path
 # before S1 and S6; S3 keeps one, its figures being the smallest. S3's judged ratios come from lockstep pairs; each
-# run also pairs stock Lightning with itself, so the results show how far apart identical entries land.
+# run also pairs stock Lightning with itself, so the results show how far apart identical entries land. 24 pairs put
+# the 95 % interval of a ratio between its 7th and 18th pair, about +-0.7 % here, narrow enough for S3's 2 % and 5 %
+# margins (10 pairs gave about +-1.5 %); S3's interleaved rounds, which judge nothing, drop to 6 to pay for them.
 MEASURE = Sizes(
     rounds=15, warmup=0, skip=4, pilot_rounds=3, recalibrations=3,
     s1_base_ms=15.0, s1_batches=24,
     s2_r_ms=15.0, s2_c_ms=15.0, s2_batches=24,
-    s3_batches=200, s3_rounds=10, s3_warmup=1, s3_pairs=10, s3_skip=20,
+    s3_batches=200, s3_rounds=6, s3_warmup=1, s3_pairs=24, s3_skip=20,
     s4_c_ms=10.0, s4_batches=64, s4_rows=1024, s4_rounds=3,
     s6_base_ms=10.0, s6_batches=24, calibration_batches=16,
 )

@@ -182,10 +182,12 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
         combined loader: ``end_of_data_vote_needed``)."""
         combined = self.trainer.fit_loop._combined_loader
-        if getattr(self, "_vote_decided_for", None) is not combined:
+        decided_for, vote = getattr(self, "_vote_decision", (None, False))
+        if decided_for is not combined or combined is None:
             flattened = combined.flattened if combined is not None else []
-            self._vote_decided_for, self._vote_every_step = combined, end_of_data_vote_needed(self.trainer, flattened)
-        return self._vote_every_step
+            vote = end_of_data_vote_needed(self.trainer, flattened)
+            self._vote_decision = combined, vote  # one attribute: past 29 CPython gives the loop a slower, real dict
+        return vote
 
     def _drain_held_batches(self) -> None:
         with self._draining():

@@ -55,11 +55,11 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._upcoming_batch: Any = None  # the batch the running step call will get first (None in a drain call)
         self._undo_log_batch_size: Callable[[], None] | None = None
         self._no_progress = NoProgressGuard()
-        self._stateful_loaders = False  # a loader records its position: checkpoints must carry the consumed state
         self.automatic_optimization = StepFirstAutomaticOptimization(trainer)
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
         self._step_stopped = False  # a StopIteration from dataloader_iter ended the last step call
-        self._draining_now = False  # in a drain call: each is an accumulation window of its own
+        # Why no more attributes (29 at most, with Lightning's): past that CPython keeps a real dict for the instance,
+        # and every attribute lookup on the loop, many per batch, gets slower
 
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
@@ -96,14 +96,14 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._no_progress = NoProgressGuard()
         # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
         read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
-        self._stateful_loaders = read_loader_states() is not None
-        snapshot = read_loader_states if self._stateful_loaders else None
-        self._batches = LookAhead(partial(self._fetch, data_fetcher), BatchTransfer(self.trainer), snapshot)
+        stateful = read_loader_states() is not None  # a loader records its position: checkpoints carry consumed state
+        snapshot = read_loader_states if stateful else None
+        self._batches = LookAhead(partial(self._fetch, data_fetcher, stateful), BatchTransfer(self.trainer), snapshot)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
         self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not self._batches.exhausted)
 
-    def _fetch(self, data_fetcher: _DataFetcher) -> StepItem:
-        if data_fetcher.done and self._stateful_loaders and self._epoch_uncut():
+    def _fetch(self, data_fetcher: _DataFetcher, stateful: bool) -> StepItem:
+        if data_fetcher.done and stateful and self._epoch_uncut():
             # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
             # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
             try:
@@ -206,21 +206,22 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
-        consumed, self._draining_now = self._last_step_consumed, True
+        consumed = self._last_step_consumed
         try:
             yield
         finally:
             # the validation interval and a checkpoint look at the batches of the call that took the last one
-            self._last_step_consumed, self._draining_now = consumed, False
+            self._last_step_consumed = consumed
 
     def _run_drain_call(self) -> tuple[bool, Any]:
         self._step_batches, self._upcoming_batch = [], None
         self._step_calls += 1
-        outputs = self._run_step()
+        outputs = self._run_step(drain=True)
         return self._step_stopped, outputs
 
-    def _run_step(self) -> Any:
-        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short."""
+    def _run_step(self, drain: bool = False) -> Any:
+        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short.
+        ``drain``: a drain call, an accumulation window of its own."""
         assert self._batches is not None
         trainer = self.trainer
         self._step_stopped = False
@@ -231,7 +232,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
                     return self.automatic_optimization.run_step_call(
-                        kwargs, self._step_calls - 1, self._draining_now, lambda: self._batches.exhausted
+                        kwargs, self._step_calls - 1, drain, lambda: self._batches.exhausted
                     )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
