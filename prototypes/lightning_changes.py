@@ -389,13 +389,16 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         """The epoch's first step call starts a window."""
         self._window_open, self._window_loss = False, None
 
-    def run_step_call(self, kwargs: Any, step_call_idx: int, drain: bool, data_ended: Callable[[], bool]) -> dict:
+    def run_step_call(
+        self, kwargs: Any, optimizer: torch.optim.Optimizer, step_call_idx: int, drain: bool,
+        data_ended: Callable[[], bool],
+    ) -> dict:
         """One step call; ``data_ended()``, asked once the step returned, says whether it took the epoch's last batch.
 
         A StopIteration from the step propagates (no backward ran): the design tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
         """
-        trainer, optimizer = self.trainer, self.trainer.optimizers[0]
+        trainer = self.trainer
         if drain and not self._skip_backward:
             # Why on the instance, for this call only: a drain call is a window of its own (the epoch's last batch
             # closed the previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches; an

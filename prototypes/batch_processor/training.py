@@ -232,7 +232,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
                     return self.automatic_optimization.run_step_call(
-                        kwargs, self._step_calls - 1, drain, lambda: self._batches.exhausted
+                        kwargs, trainer.optimizers[0], self._step_calls - 1, drain, lambda: self._batches.exhausted
                     )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
