@@ -121,8 +121,9 @@ SMOKE = Sizes(
 # steady-state window, so a run's one-off costs fall outside it, and the calibration and pilot rounds run every path
 # before S1 and S6; S3 keeps one, its figures being the smallest. S3's judged ratios come from lockstep pairs; each
 # run also pairs stock Lightning with itself, so the results show how far apart identical entries land. 24 pairs put
-# the 95 % interval of a ratio between its 7th and 18th pair, about +-0.7 % here, narrow enough for S3's 2 % and 5 %
-# margins (10 pairs gave about +-1.5 %); S3's interleaved rounds, which judge nothing, drop to 6 to pay for them.
+# the 95 % interval of a ratio between its 7th and 18th pair: on this machine narrow enough to judge S3's 2 % and 5 %
+# margins, which 10 pairs were not (the A/A row shows the width); S3's interleaved rounds, which judge nothing, drop
+# to 6 to pay for them.
 MEASURE = Sizes(
     rounds=15, warmup=0, skip=4, pilot_rounds=3, recalibrations=3,
     s1_base_ms=15.0, s1_batches=24,

@@ -136,7 +136,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._transfer_path: BatchTransfer | None = None  # per loop over the data (``_begin``)
         self._produced: int | None = None  # batches taken from the loader this epoch, on the producing thread
         self._resumed_at = 0  # the batch count the loader resumed at (after a checkpoint)
-        self._read_loader_states: Callable[[], list[dict] | None] = lambda: None  # per loop over the data
+        self._read_loader_states = loader_state_reader(None)  # no loader until the loop over the data (``_begin``)
         # Why no more attributes (29 at most, with Lightning's): past that CPython keeps a real dict for the instance,
         # and every attribute lookup on the fetcher, many per batch, gets slower
 

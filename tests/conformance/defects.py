@@ -289,11 +289,7 @@ def _drain_call_logging_every_call(self: Any) -> bool:
 
 @contextlib.contextmanager
 def _drain_calls_forgetting_the_last_call(self: Any) -> Iterator[None]:
-    self._draining = True
-    try:
-        yield
-    finally:
-        self._draining = False  # the last drain call stays the fetcher's call: the last real call's count is lost
+    yield  # nothing restored: the last drain call stays the fetcher's call, and the last real call's count is lost
 
 
 def _drain_call_as_any_call(original: Callable[..., Any]) -> Callable[..., Any]:
