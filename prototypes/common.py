@@ -41,6 +41,11 @@ class Design:
     does not prefetch; S4 runs it at each depth and the S1 target applies to it). ``promised_s1_efficiency``
     (S1 point such as ``"L=C"`` -> efficiency) and ``promised_s4_efficiency_at_depth`` (depth -> efficiency) are
     floors it promises, asserted in measure mode.
+
+    ``thread_options`` are the options that give the design a prefetch thread when ``options`` (what ships) run
+    without one: the configuration the overlap targets (S1, S6) and the RFC's thread decision judge. The decision
+    rendered from those measurements and ``options`` must agree (``tests/test_render.py``): a measurement that makes
+    the thread the default makes ``options`` these, or that test fails.
     """
 
     name: str
@@ -51,6 +56,7 @@ class Design:
     prefetch_depth_option: str | None = None
     promised_s1_efficiency: Mapping[str, float] = field(default_factory=dict)
     promised_s4_efficiency_at_depth: Mapping[int, float] = field(default_factory=dict)
+    thread_options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def id(self) -> str:

@@ -12,16 +12,16 @@ User code::
         def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
             batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
 
-    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                   # depth="auto"
-    trainer = IMPLEMENTATIONS["prefetcher"].variant(depth=4).trainer(max_epochs=1)  # or 0 = no background work
+    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                       # depth=0: no thread
+    trainer = IMPLEMENTATIONS["prefetcher"].variant(depth="auto").trainer(max_epochs=1)  # opt in to the thread
     trainer.fit(Model(), train_dataloaders=loader)
 
-Options: ``depth`` is the most batches produced ahead of the step; ``0`` produces each batch on the main thread when
-it is needed. The default, ``"auto"``, prefetches 2 and, after timing the first 8 batches of each epoch, drops the
-thread when it could hide less than 1 ms per batch (loading or stepping is that cheap), since the hand-off between
-threads would then cost more than the overlap saves (``queue.Prefetcher``). ``transfer_ahead`` (default True) runs the
-batch-transfer hooks in the background with the loading; ``False`` leaves them on the main thread, applied as a batch
-is taken from the queue.
+Options: ``depth`` is the most batches produced ahead of the step. The default, ``0``, produces each batch on the
+step's thread when the step asks for it: the RFC's thread decision makes the thread opt-in. ``"auto"`` prefetches 2
+and, after timing the first 8 batches of each epoch, drops the thread when it could hide less than 1 ms per batch
+(loading or stepping is that cheap), since the hand-off between threads would then cost more than the overlap saves
+(``queue.Prefetcher``). ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background with the
+loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
 
 One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it also
 pins them and copies them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue;
@@ -50,7 +50,7 @@ from prototypes.prefetcher.options import Options
 from prototypes.prefetcher.queue import AUTO
 
 
-def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, transfer_ahead: bool = True) -> pl.Trainer:
+def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0, transfer_ahead: bool = True) -> pl.Trainer:
     if depth != AUTO and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
         raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work) or {AUTO!r} (decide"
                          f" per epoch), got {depth!r}")
@@ -62,15 +62,19 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = AUTO, trans
 DESIGN = Design(
     name="prefetcher",
     summary=(
-        "Lightning's loops with a fetcher that prefetches batches on a thread (when it pays) and counts consumed ones"
+        "Lightning's loops with a fetcher that counts consumed batches and drains pipelining steps; a prefetch thread"
+        " is opt-in"
     ),
     make_trainer=_make_trainer,
-    options={"depth": AUTO},
-    # Why these: the default, no thread (0) and a thread through the whole run (2) take every path the contract
-    # sees; depths 1 and 4 change only how many batches wait in the queue, which the design's own tests run at
-    # every depth (tests/designs/test_prefetcher.py), and `--impl 'prefetcher[depth=4]'` checks one in the suite.
-    # Two fewer variants keep the default suite well under 20 minutes on two cores.
-    suite_variants=({"depth": 0}, {"depth": 2}),
+    # What ships, as the RFC's thread decision renders it: no thread unless asked for (`thread_options`).
+    options={"depth": 0},
+    thread_options={"depth": AUTO},
+    # Why these: the default (no thread), the opt-in thread that may switch itself off ("auto") and a thread
+    # through the whole run (2) take every path the contract sees; depths 1 and 4 change only how many batches wait
+    # in the queue, which the design's own tests run at every depth (tests/designs/test_prefetcher.py), and
+    # `--impl 'prefetcher[depth=4]'` checks one in the suite. Two fewer variants keep the default suite well under
+    # 20 minutes on two cores.
+    suite_variants=({"depth": AUTO}, {"depth": 2}),
     prefetch_depth_option="depth",
     promised_s1_efficiency={"L=C": 0.8, "L=0.5C": 0.5, "L=2C": 0.5},
     promised_s4_efficiency_at_depth={4: 0.5, 8: 0.5},
