@@ -337,6 +337,8 @@ C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
 C19 = "test_c19_real_pipelines.py::"
 SIZED = "sized and not unsized"
+# the prefetcher ships without a thread; a defect in its thread's lifetime is applied with one running all the time
+WITH_THREAD = {"depth": 2}
 
 CATALOGUE: tuple[Defect, ...] = (
     # C1 Selection
@@ -352,7 +354,8 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("profiler_left_serialised", "C1", "prefetcher",
            "leaves its serialising start/stop on the user's profiler after the prefetch thread stopped",
            (prefetch_options.Options, "thread_stopped_recording"), _instead(lambda self, profiler: None),
-           (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "dataloader_iter and simple"),
+           (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "dataloader_iter and simple",
+           options=WITH_THREAD),
     Defect("step_calls_in_regular_checkpoints", "C1", "batch_processor",
            "writes its step-call count and last call's batch count into every checkpoint, a regular module's too",
            (_EpochLoop, "on_save_checkpoint"), _instead(_saves_step_calls_for_every_module),
@@ -483,17 +486,18 @@ CATALOGUE: tuple[Defect, ...] = (
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("thread_not_joined", "C12", "prefetcher", "stops its prefetch thread without joining it",
            (prefetch_queue.Prefetcher, "shutdown"), _instead(_shutdown_without_join),
-           (C12 + "test_error_in_the_step_while_loading_leaves_no_thread_running",)),
+           (C12 + "test_error_in_the_step_while_loading_leaves_no_thread_running",), options=WITH_THREAD),
     # C13 Interrupts and early stops
     Defect("interrupt_kills_the_thread", "C13", "prefetcher",
            "lets a KeyboardInterrupt end its thread instead of reaching the step",
            (prefetch_queue.Prefetcher, "_run"), _instead(_run_catching_exception_only),
-           (C13 + "test_keyboard_interrupt_while_loading_takes_the_interrupt_path",)),
+           (C13 + "test_keyboard_interrupt_while_loading_takes_the_interrupt_path",), options=WITH_THREAD),
     # the leaked thread polls until the process ends; w0: no worker processes are kept alive with it
     Defect("early_stop_leaves_the_thread", "C13", "prefetcher",
            "drops its prefetcher at an early stop without shutting the thread down",
            (_Fetcher, "stop"), _instead(_stop_forgetting_the_thread),
-           (C13 + "test_early_stop_leaves_nothing_running_and_loses_no_batch",), "w0 and max_steps"),
+           (C13 + "test_early_stop_leaves_nothing_running_and_loses_no_batch",), "w0 and max_steps",
+           options=WITH_THREAD),
     # C14 Misuse
     Defect("iterator_stays_open", "C14", "prefetcher",
            "keeps an epoch's `dataloader_iter` usable after the epoch, handing out the next epoch's batches",
