@@ -154,8 +154,8 @@ class NeMoStyleModule(pl.LightningModule):
     """The Lightning side, as NeMo writes it: manual optimisation, one optimizer step per step call over
     ``micro_batches`` micro-batches that megatron's schedule pulls from the step's iterator (its triples' batches).
 
-    Records, per epoch, the ids of each micro-batch trained and, per validation run, of each one validated and its
-    loss.
+    Records, per epoch, the ids of each micro-batch trained and ``global_step`` at the epoch's end and, per
+    validation run, the ids of each micro-batch validated and its loss.
     """
 
     def __init__(self, micro_batches: int) -> None:
@@ -165,6 +165,7 @@ class NeMoStyleModule(pl.LightningModule):
         self.model = megatron_mlp()
         self.initial = parameters_of(self.model)
         self.trained: list[list[tuple[int, ...]]] = []
+        self.global_steps: list[int] = []
         self.validated: list[list[tuple[int, ...]]] = []
         self.validation_losses: list[list[float]] = []
 
@@ -181,6 +182,9 @@ class NeMoStyleModule(pl.LightningModule):
                                forward_only=False, pulled=self.trained[-1])
         optimizer.step()
         return mean_loss(reduced)
+
+    def on_train_epoch_end(self) -> None:
+        self.global_steps.append(self.trainer.global_step)
 
     def on_validation_epoch_start(self) -> None:
         self.validated.append([])
