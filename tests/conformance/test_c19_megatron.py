@@ -60,7 +60,7 @@ def plain_loop_runs():
 
 
 @pytest.mark.parametrize("kind", ["sized", "unsized"])
-@pytest.mark.parametrize("micro_batches", MICRO_BATCHES)
+@pytest.mark.parametrize("micro_batches", [pytest.param(k, id=f"k{k}") for k in MICRO_BATCHES])
 def test_megatron_schedule_trains_every_micro_batch_once_per_epoch(design, plain_loop_runs, micro_batches, kind):
     module = NeMoStyleModule(micro_batches)
     trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS})
