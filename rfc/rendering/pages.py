@@ -32,6 +32,7 @@ from rendering.defects import block_defects
 from rendering.markdown import once_per_page
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
+from rendering.prose_blocks import PROSE_BLOCKS
 from rendering.results import Inputs, RenderError
 from rendering.standing import block_standing
 
@@ -69,6 +70,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "plot-memory": plot_block("plot-memory"),
     "defects": block_defects,
     **COUPLING_BLOCKS,
+    **PROSE_BLOCKS,
 }
 
 
