@@ -85,7 +85,9 @@ def suite_variants(name: str) -> str:
     ids = [design.id] + [design.variant(**options).id for options in design.suite_variants]
     text = f"The conformance suite runs {code(ids[0])} (the registered default)"
     if len(ids) > 1:
-        text += " and " + ", ".join(code(i) for i in ids[1:]) + " (`Design.suite_variants`)"
+        others = [code(i) for i in ids[1:]]
+        listed = others[0] if len(others) == 1 else ", ".join(others[:-1]) + " and " + others[-1]
+        text += f", then {listed} (its `Design.suite_variants`)"
     return text + "."
 
 
