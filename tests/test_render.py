@@ -501,3 +501,47 @@ def test_an_items_block_sits_in_that_item(listed):
     (listed / "page.md").write_text("<!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->\n")
     result = run(listed)
     assert result.returncode == 2 and "page.md: a code-item block outside the list's items" in result.stderr
+
+
+def test_the_rendered_thread_decision_and_the_code_default_agree():
+    """Decision 2 rendered from the committed benchmarks and what the recommended design ships must agree: a thread
+    by default means its registered options are its ``thread_options``, opt-in means they are not. A measurement
+    that flips the decision fails here until the default in ``prototypes/`` flips with it."""
+    from rendering.decision import RECOMMENDED, thread_decision
+    from rendering.results import load_inputs
+
+    from prototypes import IMPLEMENTATIONS
+
+    rfc_dir = RENDER.parent
+    inputs = load_inputs(rfc_dir, rfc_dir / "results", rfc_dir / "generated", "python rfc/render.py")
+    thread_by_default, why = thread_decision(inputs.benchmarks)
+    assert why, "no committed results judge the thread (targets S1-alternatives, S6-alternatives)"
+    design = IMPLEMENTATIONS[RECOMMENDED]
+    assert design.thread_options, f"{RECOMMENDED} declares no thread_options for the decision to judge"
+    ships_the_thread = dict(design.options) == dict(design.thread_options)
+    assert ships_the_thread == thread_by_default, (
+        f"Decision 2 renders the thread {'on' if thread_by_default else 'off'} by default, but {design.id} "
+        f"{'ships' if ships_the_thread else 'does not ship'} its thread_options {dict(design.thread_options)}")
+
+
+def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_designs(rfc):
+    """The first screen's decisions name the recommended design's registered configuration and whether its thread
+    runs by default; the standing table has one line per registered design, none for a results-only entry."""
+    from rendering.decision import RECOMMENDED
+
+    from prototypes import IMPLEMENTATIONS
+
+    (rfc / "first.md").write_text("<!-- BEGIN GENERATED: decisions -->\n<!-- END GENERATED: decisions -->\n\n"
+                                  "<!-- BEGIN GENERATED: standing -->\n<!-- END GENERATED: standing -->\n")
+    bench = benchmarks()
+    bench["scenarios"]["S7"] = [{"design": "every_rank_has_a_batch", "vote_us": 1000.0}]
+    write_results(rfc, conformance(), bench)
+    assert run(rfc).returncode == 0
+    text = (rfc / "first.md").read_text()
+    design = IMPLEMENTATIONS[RECOMMENDED]
+    assert f"`{RECOMMENDED}` ships as `{design.id}`" in text
+    thread_on = dict(design.options) == dict(design.thread_options)
+    assert f"In the code: the thread is {'on' if thread_on else 'off'} by default." in text
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(IMPLEMENTATIONS)
+    assert "every_rank_has_a_batch" not in text and "alpha" not in text.split("| Design")[1]
