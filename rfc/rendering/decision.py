@@ -1,8 +1,9 @@
 """The RFC's second decision, read off the benchmark verdicts: is a prefetch thread the default, or opt-in?
 
-The rule is fixed here, before any run: the thread is the default only if, at every S1 and S6 point, the prefetching
-design's registered configuration is faster than the fastest alternative of that point (what users already use, and
-the design without a thread composed with it), with the whole 95 % interval of the time ratio below 1 (verdict
+The rule is fixed here, before any run: the thread is the default only if, at every S1 and S6 point, the
+configuration the targets judge (the recommended design with its ``thread_options``, whatever a results file calls
+it) is faster than the fastest alternative of that point (what users already use, and the design without a thread
+composed with it), with the whole 95 % interval of the time ratio below 1 (verdict
 "met" of the ``S1-alternatives`` and ``S6-alternatives`` targets). Any point where it is slower, not distinguishable
 or not judged makes the thread opt-in, and the block says which points those are. The text cannot contradict the
 numbers because it is rendered from them.
