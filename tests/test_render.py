@@ -545,3 +545,31 @@ def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_de
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(IMPLEMENTATIONS)
     assert "every_rank_has_a_batch" not in text and "alpha" not in text.split("| Design")[1]
+
+
+def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(rfc):
+    """What a design page says about the code and the results is rendered: its user code is its module docstring's
+    example, the suite's variants its registry entry's, its clauses and expected failures the results'."""
+    import prototypes.batch_processor
+    from prototypes import IMPLEMENTATIONS
+
+    names = ["user-code-batch_processor", "suite-variants-prefetcher", "conformance-batch_processor",
+             "end-rule-runs"]
+    (rfc / "design.md").write_text("".join(f"<!-- BEGIN GENERATED: {n} -->\n<!-- END GENERATED: {n} -->\n\n"
+                                           for n in names))
+    data = conformance()
+    for n, (clause, outcome) in enumerate([("C14", "xfailed"), ("C14", "xfailed"), ("C19", "passed")]):
+        for variant, design in (("batch_processor", "batch_processor"), ("prefetcher[depth=2]", "prefetcher")):
+            data["results"].append(dict(design=design, variant=variant, clause=clause, outcome=outcome,
+                                        reason="one iterator per call", test_id=f"test_{n}.py::test"))
+    write_results(rfc, data, benchmarks())
+    assert run(rfc).returncode == 0
+    text = (rfc / "design.md").read_text()
+    example = prototypes.batch_processor.__doc__.split("User code::\n\n")[1].split("\n\n    trainer")[0]
+    assert example.replace("\n    ", "\n").strip() in text
+    prefetcher = IMPLEMENTATIONS["prefetcher"]
+    assert f"The conformance suite runs `{prefetcher.id}` (the registered default)" in text
+    assert all(f"`{prefetcher.variant(**options).id}`" in text for options in prefetcher.suite_variants)
+    assert "`batch_processor` meets 1 of 2 clauses in every variant (not C14)" in text and "C14 ×2" in text
+    assert "passes 0 of 2 (and records 2 expected failures) tests of C5, C14, C17" in text
+    assert "and 1 of 1 C19 runs" in text
