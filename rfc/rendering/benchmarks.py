@@ -24,9 +24,7 @@ SCENARIOS = {
     "S4": "Jitter and prefetch depth: efficiency and memory by depth",
     "S5": "GPU: pinned-memory host-to-device copies against compute",
     "S6": "Main-process work in the transfer hooks, loading in workers: efficiency and time against the alternatives",
-    "S3-profile": (
-        "Where the extra time per batch goes: a main-thread profile against stock Lightning's regular flavour"
-    ),
+    "S3-profile": "Where the extra time per batch goes: a main-thread profile against stock Lightning's regular one",
     "S7": "The ranks' end-of-data vote under DDP: one vote's time against a tiny step",
 }
 COLUMN_LABELS = {
