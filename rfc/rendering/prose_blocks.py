@@ -29,13 +29,14 @@ END_RULE_CLAUSES = ("C5", "C14", "C17")
 def shipping_sentence(name: str) -> str:
     """What a design ships: its registered configuration, and whether a prefetch thread runs by default."""
     design = IMPLEMENTATIONS[name]
-    text = f"{code(name)} ships as {code(design.id)}"
+    text = f"{code(name)} ships as {code(design.id)}" + (
+        f" ({code(f'options={dict(design.options)!r}')})" if design.options else " (no options)")
     if not design.thread_options:
-        return text + (f" (options {code(dict(design.options))})" if design.options else " (it has no options)")
-    thread = design.variant(**design.thread_options).id
+        return text
     if dict(design.options) == dict(design.thread_options):
-        return text + f": **its prefetch thread runs by default**; {code(design.variant().id)} is its registered id"
-    return text + f": **no prefetch thread by default**; the thread is opt-in, {code(thread)}"
+        return text + ": **its prefetch thread runs by default** (the options are its `thread_options`)"
+    thread = design.variant(**design.thread_options).id
+    return text + f": **no prefetch thread by default**; the thread is opt-in, {code(thread)} (its `thread_options`)"
 
 
 def block_decisions(inputs: Inputs, page_dir: Path) -> str:
