@@ -501,3 +501,75 @@ def test_an_items_block_sits_in_that_item(listed):
     (listed / "page.md").write_text("<!-- BEGIN GENERATED: code-item-1 --><!-- END GENERATED: code-item-1 -->\n")
     result = run(listed)
     assert result.returncode == 2 and "page.md: a code-item block outside the list's items" in result.stderr
+
+
+def test_the_rendered_thread_decision_and_the_code_default_agree():
+    """Decision 2 rendered from the committed benchmarks and what the recommended design ships must agree: a thread
+    by default means its registered options are its ``thread_options``, opt-in means they are not. A measurement
+    that flips the decision fails here until the default in ``prototypes/`` flips with it."""
+    from rendering.decision import RECOMMENDED, thread_decision
+    from rendering.results import load_inputs
+
+    from prototypes import IMPLEMENTATIONS
+
+    rfc_dir = RENDER.parent
+    inputs = load_inputs(rfc_dir, rfc_dir / "results", rfc_dir / "generated", "python rfc/render.py")
+    thread_by_default, why = thread_decision(inputs.benchmarks)
+    assert why, "no committed results judge the thread (targets S1-alternatives, S6-alternatives)"
+    design = IMPLEMENTATIONS[RECOMMENDED]
+    assert design.thread_options, f"{RECOMMENDED} declares no thread_options for the decision to judge"
+    ships_the_thread = dict(design.options) == dict(design.thread_options)
+    assert ships_the_thread == thread_by_default, (
+        f"Decision 2 renders the thread {'on' if thread_by_default else 'off'} by default, but {design.id} "
+        f"{'ships' if ships_the_thread else 'does not ship'} its thread_options {dict(design.thread_options)}")
+
+
+def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_designs(rfc):
+    """The first screen's decisions name the recommended design's registered configuration and whether its thread
+    runs by default; the standing table has one line per registered design, none for a results-only entry."""
+    from rendering.decision import RECOMMENDED
+
+    from prototypes import IMPLEMENTATIONS
+
+    (rfc / "first.md").write_text("<!-- BEGIN GENERATED: decisions -->\n<!-- END GENERATED: decisions -->\n\n"
+                                  "<!-- BEGIN GENERATED: standing -->\n<!-- END GENERATED: standing -->\n")
+    bench = benchmarks()
+    bench["scenarios"]["S7"] = [{"design": "every_rank_has_a_batch", "vote_us": 1000.0}]
+    write_results(rfc, conformance(), bench)
+    assert run(rfc).returncode == 0
+    text = (rfc / "first.md").read_text()
+    design = IMPLEMENTATIONS[RECOMMENDED]
+    assert f"`{RECOMMENDED}` ships as `{design.id}`" in text
+    thread_on = dict(design.options) == dict(design.thread_options)
+    assert f"In the code: the thread is {'on' if thread_on else 'off'} by default." in text
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(IMPLEMENTATIONS)
+    assert "every_rank_has_a_batch" not in text and "alpha" not in text.split("| Design")[1]
+
+
+def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(rfc):
+    """What a design page says about the code and the results is rendered: its user code is its module docstring's
+    example, the suite's variants its registry entry's, its clauses and expected failures the results'."""
+    import prototypes.batch_processor
+    from prototypes import IMPLEMENTATIONS
+
+    names = ["user-code-batch_processor", "suite-variants-prefetcher", "conformance-batch_processor",
+             "end-rule-runs"]
+    (rfc / "design.md").write_text("".join(f"<!-- BEGIN GENERATED: {n} -->\n<!-- END GENERATED: {n} -->\n\n"
+                                           for n in names))
+    data = conformance()
+    for n, (clause, outcome) in enumerate([("C14", "xfailed"), ("C14", "xfailed"), ("C19", "passed")]):
+        for variant, design in (("batch_processor", "batch_processor"), ("prefetcher[depth=2]", "prefetcher")):
+            data["results"].append(dict(design=design, variant=variant, clause=clause, outcome=outcome,
+                                        reason="one iterator per call", test_id=f"test_{n}.py::test"))
+    write_results(rfc, data, benchmarks())
+    assert run(rfc).returncode == 0
+    text = (rfc / "design.md").read_text()
+    example = prototypes.batch_processor.__doc__.split("User code::\n\n")[1].split("\n\n    trainer")[0]
+    assert example.replace("\n    ", "\n").strip() in text
+    prefetcher = IMPLEMENTATIONS["prefetcher"]
+    assert f"The conformance suite runs `{prefetcher.id}` (the registered default)" in text
+    assert all(f"`{prefetcher.variant(**options).id}`" in text for options in prefetcher.suite_variants)
+    assert "`batch_processor` meets 1 of 2 clauses in every variant (not C14)" in text and "C14 ×2" in text
+    assert "passes 0 of 2 (and records 2 expected failures) tests of C5, C14, C17" in text
+    assert "and 1 of 1 C19 runs" in text

@@ -210,3 +210,16 @@ def test_every_page_fits_1280_px_loads_its_images_and_links_resolve(browser, sit
         _load(browser, server + page)
         _screenshot(browser, SCREENSHOTS / name)
     assert not problems, "\n".join(sorted(set(problems)))
+
+
+def _setup_commands(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip().startswith("python3 -m venv")]
+
+
+def test_the_quickstart_sets_up_what_the_readme_sets_up():
+    """One setup command in both places: a quickstart that installs less cannot collect every clause (C19 needs
+    TorchRec), and two commands kept by hand drift. Needs no browser."""
+    readme = _setup_commands(ROOT / "README.md")
+    assert len(readme) == 1, f"README.md: expected one setup command, found {readme}"
+    assert _setup_commands(ROOT / "docs" / "quickstart.md") == readme

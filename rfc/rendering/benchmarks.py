@@ -24,9 +24,8 @@ SCENARIOS = {
     "S4": "Jitter and prefetch depth: efficiency and memory by depth",
     "S5": "GPU: pinned-memory host-to-device copies against compute",
     "S6": "Main-process work in the transfer hooks, loading in workers: efficiency and time against the alternatives",
-    "S3-profile": (
-        "Where the extra time per batch goes: a main-thread profile against stock Lightning's regular flavour"
-    ),
+    "S3-profile": "Where the extra time per batch goes: a main-thread profile against stock Lightning's regular one",
+    "S7": "The ranks' end-of-data vote under DDP: one vote's time against a tiny step",
 }
 COLUMN_LABELS = {
     "design": "Design",
@@ -327,7 +326,7 @@ def scenario_tables(data: dict[str, Any], scenario: str) -> str:
     leading = [r for r in rows if r.get("role") != "baseline"]
     baselines = [r for r in rows if r.get("role") == "baseline"]
     parts = [_columns_table(leading, layout["lead"], targets, scenario)]
-    behind = [_columns_table(leading, layout["details"], targets, scenario)]
+    behind = [_columns_table(leading, layout["details"], targets, scenario)] if layout["details"] else []
     if layout.get("raw") and any("C_raw_ms" in r for r in leading):
         behind.append(_columns_table(leading, layout["raw"], targets, scenario))
     if baselines:

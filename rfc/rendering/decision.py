@@ -1,8 +1,9 @@
 """The RFC's second decision, read off the benchmark verdicts: is a prefetch thread the default, or opt-in?
 
-The rule is fixed here, before any run: the thread is the default only if, at every S1 and S6 point, the prefetching
-design's registered configuration is faster than the fastest alternative of that point (what users already use, and
-the design without a thread composed with it), with the whole 95 % interval of the time ratio below 1 (verdict
+The rule is fixed here, before any run: the thread is the default only if, at every S1 and S6 point, the
+configuration the targets judge (the recommended design with its ``thread_options``, whatever a results file calls
+it) is faster than the fastest alternative of that point (what users already use, and the design without a thread
+composed with it), with the whole 95 % interval of the time ratio below 1 (verdict
 "met" of the ``S1-alternatives`` and ``S6-alternatives`` targets). Any point where it is slower, not distinguishable
 or not judged makes the thread opt-in, and the block says which points those are. The text cannot contradict the
 numbers because it is rendered from them.
@@ -13,10 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prototypes import IMPLEMENTATIONS
 from rendering.benchmarks import verdict_of, with_interval
 from rendering.markdown import cell, code, no_results
 from rendering.results import BENCHMARK_COMMAND, Inputs
 
+# Decision 1: the design whose loops and fetcher Lightning adopts. What it ships with (its registered ``options``)
+# and its opt-in thread (``thread_options``) are read from the registry, never typed into a page.
+RECOMMENDED = "prefetcher"
 DECIDING_TARGETS = ("S1-alternatives", "S6-alternatives")
 OUTCOME_WORDS = {"met": "faster", "missed": "slower", "inconclusive": "not distinguishable",
                  "not judged": "not judged"}
@@ -55,6 +60,26 @@ def thread_decision(benchmarks: dict[str, dict[str, Any]]) -> tuple[bool, list[s
     return bool(default), lines
 
 
+def thread_id() -> str:
+    """How results and ``--impl`` spell the recommended design with its opt-in thread (``thread_options``)."""
+    design = IMPLEMENTATIONS[RECOMMENDED]
+    return design.variant(**design.thread_options).id
+
+
+def thread_on_by_default() -> bool:
+    """Whether the recommended design's registered options are those of its thread: what the code ships."""
+    design = IMPLEMENTATIONS[RECOMMENDED]
+    return bool(design.thread_options) and dict(design.options) == dict(design.thread_options)
+
+
+def thread_points(benchmarks: dict[str, dict[str, Any]]) -> tuple[int, int]:
+    """(points where the thread was faster than the fastest alternative, points judged or measured), over the
+    deciding targets of every machine kind."""
+    verdicts = [verdict_of(r) for data in benchmarks.values() for name in DECIDING_TARGETS
+                for r in ((data.get("targets") or {}).get(name) or {}).get("results") or []]
+    return sum(v == "met" for v in verdicts), len(verdicts)
+
+
 def block_decision(inputs: Inputs, page_dir: Path) -> str:
     """Decision 2 (the prefetch thread by default or opt-in), rendered from the benchmark verdicts."""
     if not inputs.benchmarks:
@@ -70,11 +95,12 @@ def block_decision(inputs: Inputs, page_dir: Path) -> str:
     if default:
         head = ("**Decision 2: a prefetch thread by default.** At every point judged, the thread beats the simpler "
                 "design plus what users already use.")
-        then = "So the recommended default is the prefetching configuration the benchmarks judged."
+        then = (f"So {code(RECOMMENDED)} ships with its thread on: its registered options are those of "
+                f"{code(thread_id())}.")
     else:
         head = ("**Decision 2: the prefetch thread is opt-in, not the default.** The measurements do not show it "
                 "beating the simpler design plus what users already use at every point.")
-        then = ("So the contract ships without a thread by default (batches loaded on the step's thread when it asks "
-                "for them, as `prefetcher[depth=0]` and `batch_processor` do), and the thread is an option for the "
-                "workloads where the rows above show it faster.")
+        then = (f"So the contract ships without a thread by default ({code(IMPLEMENTATIONS[RECOMMENDED].id)}: "
+                "batches loaded on the step's thread when it asks for them), and the thread is an option "
+                f"({code(thread_id())}) for the workloads where the rows above show it faster.")
     return "\n\n".join([head, rule, "\n".join(lines), then])

@@ -32,6 +32,7 @@ from rendering.defects import block_defects
 from rendering.markdown import once_per_page
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
+from rendering.prose_blocks import PROSE_BLOCKS
 from rendering.results import Inputs, RenderError
 from rendering.standing import block_standing
 
@@ -61,6 +62,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "bench-s5": bench_block("S5"),
     "bench-s6": bench_block("S6"),
     "bench-s3-profile": bench_block("S3-profile"),
+    "bench-s7": bench_block("S7"),
     "bench-other": block_bench_other,
     "bench-notes": block_bench_notes,
     "plot-efficiency": plot_block("plot-efficiency"),
@@ -69,6 +71,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "plot-memory": plot_block("plot-memory"),
     "defects": block_defects,
     **COUPLING_BLOCKS,
+    **PROSE_BLOCKS,
 }
 
 
@@ -115,7 +118,7 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         ("Targets", "bench-targets"),
         ("S1: I/O-bound loading", "bench-s1"),
         ("Efficiency against the measured L/C", "plot-efficiency"),
-        ("S6: main-process work the workers cannot take", "bench-s6"),
+        ("S6: work in the transfer hooks, loading in workers", "bench-s6"),
         ("Efficiency against the measured M/C", "plot-hook-work"),
         ("S2: step-level pipelining speed-up", "bench-s2"),
         ("S3: overhead", "bench-s3"),
@@ -124,6 +127,7 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         ("S4: jitter, and memory by prefetch depth", "bench-s4"),
         ("Memory by depth", "plot-memory"),
         ("S5: GPU copies against compute", "bench-s5"),
+        ("S7: the end-of-data vote under DDP", "bench-s7"),
         ("Other scenarios", "bench-other"),
         ("Run notes", "bench-notes"),
     ]
