@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmarks import intervals, measuring, workloads
+from harness_common import QUIET
 from prototypes.common import every_rank_has_a_batch
-from tests.conformance.harness import QUIET
 
 pytestmark = [
     pytest.mark.benchmark(group="S7 DDP end-of-data vote (time per vote)", timer=measuring.span_clock),

@@ -34,10 +34,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata import nodes
 
 from benchmarks.measuring import Interleaved, Probe
-from harness_common import RATIO_TOLERANCE
+from harness_common import QUIET, RATIO_TOLERANCE
 from prototypes import IMPLEMENTATIONS
 from prototypes.common import Design
-from tests.conformance.harness import QUIET
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TORCH_THREADS = 1  # one core for the step, the other for whatever a design or step runs alongside it
