@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from benchmarks import measuring, results, workloads  # noqa: E402
+from benchmarks import calibration, measuring, overlap, results, workloads  # noqa: E402
 from harness_common import QUIET  # noqa: E402
 from prototypes import IMPLEMENTATIONS  # noqa: E402
 from prototypes.prefetcher.queue import AUTO_PROBE_BATCHES  # noqa: E402
@@ -222,12 +222,12 @@ class S5:
         module.on_train_epoch_end()
         return probe
 
-    def calibrated_iterations(self, c_ms: float) -> workloads.Calibration:
+    def calibrated_iterations(self, c_ms: float) -> calibration.Calibration:
         """Matmul iterations that make the compute-only run (through Lightning's loop) measure ``c_ms`` per batch."""
         def compute_only_ms(iterations: int) -> float:
             return self._compute_only(iterations).per_batch_s(0) * 1000.0
 
-        return workloads.calibrate_step(compute_only_ms, c_ms, self.ms_per_matmul)
+        return calibration.calibrate_step(compute_only_ms, c_ms, self.ms_per_matmul)
 
     def _fit(self, design: Any | None, module: GpuStep) -> measuring.Probe:
         trainer_kwargs = {**self.trainer_kwargs, "default_root_dir": str(self.root)}
@@ -236,22 +236,22 @@ class S5:
             trainer.fit(module, train_dataloaders=workloads.loader(self.data))
         return module.probe
 
-    def once(self, who: str, iterations: int) -> measuring.Probe:
-        """One epoch of ``who`` (a baseline or a registry name) with ``iterations`` matmuls per step."""
-        if who == "baseline:copy-only":
+    def once(self, entry: str, iterations: int) -> measuring.Probe:
+        """One epoch of ``entry`` (a baseline or a registry name) with ``iterations`` matmuls per step."""
+        if entry == "baseline:copy-only":
             return self._copy_only()
-        if who == "baseline:compute-only":
+        if entry == "baseline:compute-only":
             return self._compute_only(iterations)
-        if who == "baseline:compute-only-raw":
+        if entry == "baseline:compute-only-raw":
             return self._compute_only_raw(iterations)
-        if who == "baseline:regular":
+        if entry == "baseline:regular":
             return self._fit(None, RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
         return self._fit(
-            IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
+            IMPLEMENTATIONS[entry], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
 
     def point(self, iterations: int, names: Sequence[str]) -> measuring.Interleaved:
         """Baselines and designs at one C (``iterations`` matmuls per step), interleaved round by round."""
-        runs = {who: partial(self.once, who, iterations) for who in (*BASELINES, *names)}
+        runs = {entry: partial(self.once, entry, iterations) for entry in (*BASELINES, *names)}
         return measuring.Interleaved(runs, 0, self.rounds, self.warmup)
 
 
@@ -323,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # At least one matmul: a dry run's C (its copies cost nothing) is below Lightning's own per-batch cost
             # and calibrates to none, which would leave the step's compute unrun
             data = s5.point(max(1, int(calibration.value)), names)
-            base = {who: data.measurement(who) for who in BASELINES}
+            base = {entry: data.measurement(entry) for entry in BASELINES}
             reference = base["baseline:regular"].probes[-1].final_weights
             t_serial = base["baseline:regular"].median_ms
             l_measured, c_measured = base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms
@@ -334,12 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                           L_over_C=measuring.rounded(1.0 / c_factor),
                           L_over_C_measured=measuring.rounded(l_measured / c_measured), n_batches=n,
                           batch_mib=round(rows * cols * 4 / 2**20, 1))
-            for who in BASELINES:
-                verdict = check(base[who], n, reference if who != "baseline:copy-only" else None)
-                rows_out.append(dict(design=who, role="baseline", point=point, **common,
-                                     time_per_batch_ms=measuring.rounded(base[who].median_ms),
-                                     correct=verdict["correct"], rounds=base[who].rounds))
-                failures += [f"{point} {who}: {p}" for p in verdict["problems"]]
+            for entry in BASELINES:
+                verdict = check(base[entry], n, reference if entry != "baseline:copy-only" else None)
+                rows_out.append(dict(design=entry, role="baseline", point=point, **common,
+                                     time_per_batch_ms=measuring.rounded(base[entry].median_ms),
+                                     correct=verdict["correct"], rounds=base[entry].rounds))
+                failures += [f"{point} {entry}: {p}" for p in verdict["problems"]]
             for name in names:
                 try:
                     measurement = data.measurement(name)
@@ -350,13 +350,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     continue
                 verdict = check(measurement, n, reference)
                 t = measurement.median_ms
-                efficiency = measuring.efficiency(t_serial, t, t_ideal)
+                efficiency = overlap.efficiency(t_serial, t, t_ideal)
                 rows_out.append(dict(
                     design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
                     time_per_batch_ms=measuring.rounded(t), t_serial_ms=measuring.rounded(t_serial),
                     t_ideal_ms=measuring.rounded(t_ideal), efficiency=measuring.rounded(efficiency),
                     t_ideal_raw_ms=measuring.rounded(t_ideal_raw),
-                    efficiency_raw_ideal=measuring.rounded(measuring.efficiency(t_serial, t, t_ideal_raw)),
+                    efficiency_raw_ideal=measuring.rounded(overlap.efficiency(t_serial, t, t_ideal_raw)),
                     correct=verdict["correct"], weights_max_abs_diff=verdict["weights_max_abs_diff"],
                     rounds=measurement.rounds,
                 ))

@@ -46,7 +46,7 @@ def test_the_dry_run_on_cpu_runs_every_design_and_writes_its_results(tmp_path) -
     designs = repository_design_ids()
     rows = document["scenarios"]["S5"]
     assert sorted((row["point"], row["design"]) for row in rows) == sorted(
-        (point, who) for point in gpu_s5.POINTS for who in (*gpu_s5.BASELINES, *designs))
+        (point, entry) for point in gpu_s5.POINTS for entry in (*gpu_s5.BASELINES, *designs))
     for row in rows:
         assert "error" not in row and row["correct"] is True, row
         assert row["n_batches"] == gpu_s5.DRY_RUN_BATCHES and row["rounds"] == 1, row

@@ -124,5 +124,4 @@ def test_s7_ddp_vote(benchmark, bench, tmp_path: Path) -> None:
                tiny_step_us=measuring.rounded(step_us, 1),
                vote_share_of_tiny_step=measuring.rounded(statistics.median(timings["vote_s"]) / timings["step_s"]),
                rounds=rounds)
-    bench.extra_info(benchmark, row)
-    bench.store.record("S7", row)
+    bench.record(benchmark, "S7", row)
