@@ -43,7 +43,7 @@ class OverlapScenario:
     @property
     def every(self) -> tuple[str, ...]:
         """Every entry of a point, in the order the first round runs them."""
-        return tuple(dict.fromkeys((*self.baselines, *self.alternatives, *self.designs, *self.shown)))
+        return (*self.baselines, *self.alternatives, *self.designs, *self.shown)
 
     @property
     def cases(self) -> list[tuple[str, str]]:
