@@ -101,9 +101,8 @@ def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> 
     if target in OWN_COST:
         return row.get("configuration") == SHIPS and OWN_COST[target] in (None, row["flavour"])
     design = _design(row, designs)
-    if design is None or row.get("configuration") is None or row["configuration"] != thread_configuration(design):
-        return False
-    return target != "S1" or row.get("L_over_C") == 1.0
+    judged = thread_configuration(design) if design is not None else None  # None: the design does not prefetch
+    return judged is not None and row.get("configuration") == judged and (target != "S1" or row.get("L_over_C") == 1.0)
 
 
 def off_nominal(row: dict[str, Any]) -> str | None:
