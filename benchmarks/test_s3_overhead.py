@@ -38,9 +38,9 @@ pytestmark = [
 BASELINES = ("baseline:raw-pytorch", "baseline:regular", "baseline:dataloader_iter")
 REGULAR, STOCK_ITER = "baseline:regular--", "baseline:dataloader_iter--"
 DEPTHS = (0, 1, 2, 4)
-ENTRIES = entries.design_entries(DEPTHS)
+DESIGNS = entries.design_entries(DEPTHS)
 CASES = [(entry, "-") for entry in BASELINES] + [
-    (entry, flavour) for entry, design in ENTRIES.items()
+    (entry, flavour) for entry, design in DESIGNS.items()
     for flavour in (("dataloader_iter", "regular") if entries.configuration_of(design) == entries.SHIPS
                     else ("dataloader_iter",))
 ]
@@ -58,7 +58,7 @@ def _once(bench, entry: str, flavour: str, profile: cProfile.Profile | None = No
     else:
         iterating = flavour == "dataloader_iter" or entry == "baseline:dataloader_iter"
         module = (workloads.IterStep if iterating else workloads.RegularStep)(probe, FEATURES, bench.burner, 0)
-        design = None if entry in BASELINES else ENTRIES[entry]
+        design = None if entry in BASELINES else DESIGNS[entry]
         workloads.fit(workloads.make_trainer(design, bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
@@ -135,7 +135,7 @@ def test_s3_overhead(benchmark, bench, entry: str, flavour: str) -> None:
         interleaved = data.ratio(key, _reference(entry, flavour))
         paired = _paired_ratio(bench, key)
         same_flavour = paired or interleaved
-        design = ENTRIES[entry]
+        design = DESIGNS[entry]
         row = dict(
             **entries.design_fields(design), flavour=flavour,
             off_main_thread=entries.off_main_share(measurement.probes), n_batches=n,
@@ -182,13 +182,13 @@ def test_s3_where_the_main_thread_time_goes(benchmark, bench) -> None:
 
 def _profile_every_prefetching_entry(bench) -> None:
     stock = _profiled(bench, "baseline:regular", "-")
-    prefetching = [entry for entry, design in ENTRIES.items() if design.prefetch_depth_option]
+    prefetching = [entry for entry, design in DESIGNS.items() if design.prefetch_depth_option]
     for entry in prefetching:
         own = _profiled(bench, entry, "dataloader_iter")
         excess = sorted(((own.get(k, 0.0) - stock.get(k, 0.0), k) for k in set(own) | set(stock)), reverse=True)
         for extra_s, function in excess[:PROFILED_FUNCTIONS]:
             bench.store.record("S3-profile", dict(
-                design=ENTRIES[entry].id, role="design", function=function,
+                design=DESIGNS[entry].id, role="design", function=function,
                 us_per_batch=measuring.rounded(own.get(function, 0.0) * 1e6, 1),
                 stock_us_per_batch=measuring.rounded(stock.get(function, 0.0) * 1e6, 1),
                 extra_us_per_batch=measuring.rounded(extra_s * 1e6, 1),

@@ -23,10 +23,10 @@ pytestmark = [
 DEPTHS = (1, 2, 4, 8)
 BASELINES = (overlap.SERIAL, overlap.LOAD_ONLY, overlap.STEP_ONLY, overlap.STEP_ONLY_RAW)
 # S4 judges fixed depths: the opt-in thread's own depth (2, once "auto" keeps its thread) runs among them
-ENTRIES = entries.design_entries(DEPTHS, with_opt_in_thread=False)
+DESIGNS = entries.design_entries(DEPTHS, with_opt_in_thread=False)
 FEATURES = 1023  # + the id column: 1024 float32 columns, 4 KiB per row
 SEED = 7
-CASES = [*BASELINES, *ENTRIES]
+CASES = [*BASELINES, *DESIGNS]
 
 
 def _once(bench, entry: str) -> measuring.Probe:
@@ -50,7 +50,7 @@ def _once(bench, entry: str) -> measuring.Probe:
         workloads.fit(workloads.make_trainer(None, bench.root), regular, workloads.loader(dataset))
     else:
         module = workloads.IterStep(probe, FEATURES, bench.burner, iterations)
-        workloads.fit(workloads.make_trainer(ENTRIES[entry], bench.root), module, workloads.loader(dataset))
+        workloads.fit(workloads.make_trainer(DESIGNS[entry], bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
 
@@ -89,7 +89,7 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, entry: str) -> None:
         return
 
     o = overlap.overlap(data, entry)
-    design = ENTRIES[entry]
+    design = DESIGNS[entry]
     depth = entries.depth_of(design)
     figures = o.row()
     row = dict(
