@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from benchmarks import results, summary, workloads
-from benchmarks.measuring import Interleaved
+from benchmarks.measuring import Interleaved, Measurement, report
 from harness_common import SelectionError, select_designs
 from prototypes import IMPLEMENTATIONS, Design
 
@@ -89,7 +89,7 @@ class Sizes:
     s2_r_ms: float
     s2_c_ms: float
     s2_batches: int
-    # S3: tiny model, L = 0; ``s3_pairs`` lockstep pairs per design entry (``measuring.lockstep``), timed from batch
+    # S3: tiny model, L = 0; ``s3_pairs`` lockstep pairs per design entry (``lockstep.lockstep``), timed from batch
     # ``s3_skip`` (past a depth "auto"'s first batches, which it may prefetch on its thread while it decides)
     s3_batches: int
     s3_rounds: int
@@ -150,15 +150,23 @@ class Bench:
     calibrations: dict[str, Any] = field(default_factory=dict)
     progress: Callable[[str, int, int, int, int], None] | None = None  # a terminal line per point: what, rounds left
 
-    def extra_info(self, benchmark: Any, row: dict[str, Any]) -> None:
+    def record(self, benchmark: Any, scenario: str, row: dict[str, Any]) -> None:
+        """``row`` into the results of ``scenario`` and into pytest-benchmark's extra info for this test."""
         benchmark.extra_info.update(row)
         benchmark.extra_info["setup"] = self.setup
+        self.store.record(scenario, row)
 
-    def interleaved(self, key: tuple, runs: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> Any:
+    def interleaved(self, key: tuple, runs: dict[str, Callable[[], Any]], rounds: int, warmup: int) -> Interleaved:
         """The point ``key``'s entries measured round by round (once per session), its progress on the terminal."""
         label = " ".join(key)
         return self.store.point(key, lambda: Interleaved(
             runs, self.sizes.skip, rounds, warmup, label=label, progress=self.progress))
+
+    def reported(self, benchmark: Any, data: Interleaved, entry: str) -> Measurement:
+        """The measurement of ``entry`` in the point ``data``, handed to pytest-benchmark as this test's rounds."""
+        measurement = data.measurement(entry)
+        report(benchmark, measurement)
+        return measurement
 
     def calibrated(self, key: str, calibrate: Callable[[], Any]) -> Any:
         """``calibrate()``'s result for ``key``, computed once per session and recorded in the notes."""

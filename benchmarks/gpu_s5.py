@@ -8,11 +8,12 @@ Run on a machine with CUDA, from the repository root::
 Each item is a pinned host batch (``--batch-mib``, default 64 MiB) whose values identify it; loading is the
 host-to-device copy L (non_blocking, from pinned memory); the step's compute C is GPU matmuls that read the batch,
 calibrated before each point so that the compute-only run measures C. For C = 2L, L and L/2, side by side in one
-process: stock Lightning's regular flavour (T_serial: the copy and the compute serialise on one stream), a
-copy-only and a compute-only run (T_ideal = max; compute-only is stock Lightning's loop over batches already on the
-device with the same step, as in the CPU scenarios; its raw-loop figure is kept), and every registered design with
-the same user step (it moves the batch itself when a design hands it over on the CPU, as stock Lightning's flavour
-does), interleaved round by round. Efficiency e = (T_serial - T) / (T_serial - T_ideal), medians of the rounds.
+process: stock Lightning's regular flavour (T_serial: the copy and the compute serialise on one stream), a copy-only
+and a compute-only run (T_ideal = max; compute-only is stock Lightning's loop over batches already on the device
+with the same step, as in the CPU scenarios; its raw-loop figure is kept), and every registered design, as it ships
+and with its opt-in prefetch thread (whose side-stream copies S5 checks most), with the same user step (it moves the
+batch itself when a design hands it over on the CPU, as stock Lightning's flavour does), interleaved round by round.
+Efficiency e = (T_serial - T) / (T_serial - T_ideal), medians of the rounds.
 
 Correctness, per design and point: the step checks on the GPU, without synchronising, that every batch it
 received holds exactly the values of the item it claims to be (a copy read before it finished, or a buffer reused
@@ -49,10 +50,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from benchmarks import measuring, results, workloads  # noqa: E402
-from prototypes import IMPLEMENTATIONS  # noqa: E402
+from benchmarks import calibration, entries, measuring, overlap, results, workloads  # noqa: E402
+from harness_common import QUIET  # noqa: E402
+from prototypes import IMPLEMENTATIONS, Design  # noqa: E402
 from prototypes.prefetcher.queue import AUTO_PROBE_BATCHES  # noqa: E402
-from tests.conformance.harness import QUIET  # noqa: E402
 
 FEATURES = 8
 POINTS = {"L=0.5C": 2.0, "L=C": 1.0, "L=2C": 0.5}  # point -> C as a multiple of the measured L
@@ -222,12 +223,12 @@ class S5:
         module.on_train_epoch_end()
         return probe
 
-    def calibrated_iterations(self, c_ms: float) -> workloads.Calibration:
+    def calibrated_iterations(self, c_ms: float) -> calibration.Calibration:
         """Matmul iterations that make the compute-only run (through Lightning's loop) measure ``c_ms`` per batch."""
         def compute_only_ms(iterations: int) -> float:
             return self._compute_only(iterations).per_batch_s(0) * 1000.0
 
-        return workloads.calibrate_step(compute_only_ms, c_ms, self.ms_per_matmul)
+        return calibration.calibrate_step(compute_only_ms, c_ms, self.ms_per_matmul)
 
     def _fit(self, design: Any | None, module: GpuStep) -> measuring.Probe:
         trainer_kwargs = {**self.trainer_kwargs, "default_root_dir": str(self.root)}
@@ -236,22 +237,21 @@ class S5:
             trainer.fit(module, train_dataloaders=workloads.loader(self.data))
         return module.probe
 
-    def once(self, who: str, iterations: int) -> measuring.Probe:
-        """One epoch of ``who`` (a baseline or a registry name) with ``iterations`` matmuls per step."""
-        if who == "baseline:copy-only":
+    def once(self, entry: str, iterations: int, design: Design | None = None) -> measuring.Probe:
+        """One epoch of ``entry`` (a baseline, or ``design``) with ``iterations`` matmuls per step."""
+        if entry == "baseline:copy-only":
             return self._copy_only()
-        if who == "baseline:compute-only":
+        if entry == "baseline:compute-only":
             return self._compute_only(iterations)
-        if who == "baseline:compute-only-raw":
+        if entry == "baseline:compute-only-raw":
             return self._compute_only_raw(iterations)
-        if who == "baseline:regular":
+        if entry == "baseline:regular":
             return self._fit(None, RegularGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
-        return self._fit(
-            IMPLEMENTATIONS[who], IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
+        return self._fit(design, IterGpuStep(self._fresh_probe(), self.data.pattern, iterations, self.matmul))
 
-    def point(self, iterations: int, names: Sequence[str]) -> measuring.Interleaved:
-        """Baselines and designs at one C (``iterations`` matmuls per step), interleaved round by round."""
-        runs = {who: partial(self.once, who, iterations) for who in (*BASELINES, *names)}
+    def point(self, iterations: int, designs: dict[str, Design]) -> measuring.Interleaved:
+        """Baselines and designs (entry -> design) at one C (``iterations`` matmuls per step), interleaved."""
+        runs = {entry: partial(self.once, entry, iterations, designs.get(entry)) for entry in (*BASELINES, *designs)}
         return measuring.Interleaved(runs, 0, self.rounds, self.warmup)
 
 
@@ -305,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"unknown design(s) {unknown}; registered: {sorted(IMPLEMENTATIONS)}", file=sys.stderr)
         return 2
+    designs = {d.id: d for name in names for d in (IMPLEMENTATIONS[name], entries.opt_in_thread(IMPLEMENTATIONS[name]))
+               if d is not None}
 
     torch.set_num_threads(workloads.TORCH_THREADS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -318,12 +320,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         calibrations: dict[str, Any] = {}
         for point, c_factor in POINTS.items():
             c_ms = c_factor * s5.l_ms
-            calibration = s5.calibrated_iterations(c_ms)
-            calibrations[f"S5 {point} C={c_ms:.3f}"] = calibration.as_note()  # the point: C alone can repeat
+            step = s5.calibrated_iterations(c_ms)
+            calibrations[f"S5 {point} C={c_ms:.3f}"] = step.as_note()  # the point: C alone can repeat
             # At least one matmul: a dry run's C (its copies cost nothing) is below Lightning's own per-batch cost
             # and calibrates to none, which would leave the step's compute unrun
-            data = s5.point(max(1, int(calibration.value)), names)
-            base = {who: data.measurement(who) for who in BASELINES}
+            data = s5.point(max(1, int(step.value)), designs)
+            base = {entry: data.measurement(entry) for entry in BASELINES}
             reference = base["baseline:regular"].probes[-1].final_weights
             t_serial = base["baseline:regular"].median_ms
             l_measured, c_measured = base["baseline:copy-only"].median_ms, base["baseline:compute-only"].median_ms
@@ -334,34 +336,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                           L_over_C=measuring.rounded(1.0 / c_factor),
                           L_over_C_measured=measuring.rounded(l_measured / c_measured), n_batches=n,
                           batch_mib=round(rows * cols * 4 / 2**20, 1))
-            for who in BASELINES:
-                verdict = check(base[who], n, reference if who != "baseline:copy-only" else None)
-                rows_out.append(dict(design=who, role="baseline", point=point, **common,
-                                     time_per_batch_ms=measuring.rounded(base[who].median_ms),
-                                     correct=verdict["correct"], rounds=base[who].rounds))
-                failures += [f"{point} {who}: {p}" for p in verdict["problems"]]
-            for name in names:
+            for entry in BASELINES:
+                verdict = check(base[entry], n, reference if entry != "baseline:copy-only" else None)
+                rows_out.append(dict(design=entry, role="baseline", point=point, **common,
+                                     time_per_batch_ms=measuring.rounded(base[entry].median_ms),
+                                     correct=verdict["correct"], rounds=base[entry].rounds))
+                failures += [f"{point} {entry}: {p}" for p in verdict["problems"]]
+            for entry, design in designs.items():
                 try:
-                    measurement = data.measurement(name)
+                    measurement = data.measurement(entry)
                 except Exception as error:  # a design that cannot run this scenario: recorded, not fatal
-                    failures.append(f"{point} {name}: {type(error).__name__}: {error}")
-                    rows_out.append(dict(design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
+                    failures.append(f"{point} {entry}: {type(error).__name__}: {error}")
+                    rows_out.append(dict(design=entry, role="design", point=point, **common,
                                          error=f"{type(error).__name__}: {error}"))
                     continue
                 verdict = check(measurement, n, reference)
                 t = measurement.median_ms
-                efficiency = measuring.efficiency(t_serial, t, t_ideal)
+                efficiency = overlap.efficiency(t_serial, t, t_ideal)
                 rows_out.append(dict(
-                    design=IMPLEMENTATIONS[name].id, role="design", point=point, **common,
+                    design=entry, role="design", configuration=entries.configuration_of(design), point=point, **common,
                     time_per_batch_ms=measuring.rounded(t), t_serial_ms=measuring.rounded(t_serial),
                     t_ideal_ms=measuring.rounded(t_ideal), efficiency=measuring.rounded(efficiency),
                     t_ideal_raw_ms=measuring.rounded(t_ideal_raw),
-                    efficiency_raw_ideal=measuring.rounded(measuring.efficiency(t_serial, t, t_ideal_raw)),
+                    efficiency_raw_ideal=measuring.rounded(overlap.efficiency(t_serial, t, t_ideal_raw)),
                     correct=verdict["correct"], weights_max_abs_diff=verdict["weights_max_abs_diff"],
                     rounds=measurement.rounds,
                 ))
-                failures += [f"{point} {name}: {p}" for p in verdict["problems"]]
-                print(f"  {point:7s} {IMPLEMENTATIONS[name].id:24s} {t:8.3f} ms/batch  serial {t_serial:8.3f}"
+                failures += [f"{point} {entry}: {p}" for p in verdict["problems"]]
+                print(f"  {point:7s} {entry:24s} {t:8.3f} ms/batch  serial {t_serial:8.3f}"
                       f"  ideal {t_ideal:8.3f}  efficiency {efficiency:6.3f}  correct {verdict['correct']}", flush=True)
 
     setup = results.setup_info()
@@ -383,12 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       failures=failures, wall_s=round(time.perf_counter() - started, 1),
                       **(dict(measurement=SKIPPED_ON_CPU) if dry else {})),
     }
-    if args.out is not None:
-        out = args.out
-    elif dry:  # a dry run never lands among the committed results
-        out = results.PARTIAL_DIR / f"benchmarks-{kind}.json"
-    else:
-        out = results.RESULTS_DIR / f"benchmarks-{kind}.json"
+    # a dry run never lands among the committed results
+    out = args.out or (results.PARTIAL_DIR if dry else results.RESULTS_DIR) / f"benchmarks-{kind}.json"
     results.write_json(out, document)
     print(f"wrote {out} in {time.perf_counter() - started:.0f} s; {len(failures)} problem(s)")
     for failure in failures:

@@ -1,4 +1,4 @@
-"""Measuring: what one run looked like (``Probe``), rounds interleaved across a point's entries, overlap figures.
+"""Measuring: what one run looked like (``Probe``), rounds interleaved across a point's entries (``Interleaved``).
 
 Time per batch of a run is its steady state: the time from the step receiving batch ``skip`` to it receiving the
 last batch, over the batches in between (``Probe.per_batch_s``). Every run of every scenario is timed over that
@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import math
-import multiprocessing
-import os
 import statistics
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +43,11 @@ def _advance_span_clock(seconds: float) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- the probe
+# Told of every batch a step receives, with the time of receipt: set in a lockstep child only
+# (``benchmarks.lockstep``), where a receipt ends the process's turn.
+receipt_hook: Callable[[Probe, float], None] | None = None
+
+
 class Probe:
     """What one run looked like from the dataset's and the step's side (thread-safe)."""
 
@@ -92,8 +94,8 @@ class Probe:
             self.consumed += 1
             self.received.append(batch_id(batch))
             self.peak_rss = max(self.peak_rss, rss)
-        if _TURNS is not None:
-            _TURNS.received(self, now)
+        if receipt_hook is not None:
+            receipt_hook(self, now)
 
     def batch_transferred(self) -> None:
         off_main = threading.current_thread() is not threading.main_thread()
@@ -265,213 +267,6 @@ def use_mmap_for_large_allocations(threshold: int = 1 << 20) -> int | None:
         return None
     m_mmap_threshold = -3
     return threshold if libc.mallopt(m_mmap_threshold, threshold) == 1 else None
-
-
-# ------------------------------------------------------------------------------------------------- lockstep
-class _Turns:
-    """In a lockstep child: whose turn it is. The step's receipt of a batch ends this process's turn (from receipt
-    ``skip`` on, when both have reached it); the time from getting the turn back to the next receipt is one period."""
-
-    def __init__(self, skip: int, mine: Any, theirs: Any, start: Any, theirs_finished: Any, first: bool) -> None:
-        self.skip, self.mine, self.theirs, self.start = skip, mine, theirs, start
-        self.theirs_finished, self.first = theirs_finished, first
-        self.periods: list[float] = []
-        self.ran_a_thread = False  # a batch of the window was produced off the main thread (see ``lockstep``)
-        self._turn_started: float | None = None
-        self._off_main_at_start = 0
-
-    def received(self, probe: Probe, now: float) -> None:
-        if self._turn_started is not None:
-            self.periods.append(now - self._turn_started)
-        receipt = len(probe.received_at) - 1
-        if receipt < self.skip:
-            return
-        if receipt == self.skip:
-            self._off_main_at_start = probe.produced_off_main
-            self.start.wait(timeout=_LOCKSTEP_TIMEOUT_S)  # both at the window's start
-            if not self.first:
-                self._wait_for_turn()
-        else:
-            self.ran_a_thread |= probe.produced_off_main > self._off_main_at_start
-            self.theirs.release()
-            self._wait_for_turn()
-        self._turn_started = time.perf_counter()
-
-    def _wait_for_turn(self) -> None:
-        while not self.theirs_finished.is_set():
-            if self.mine.acquire(timeout=0.05):
-                return
-        # the other run has ended: this one runs on alone (its last periods are unpaired, like a solo run's)
-
-
-_TURNS: _Turns | None = None  # set in a lockstep child only
-_LOCKSTEP_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One lockstep pair: each entry's steady-state seconds per batch, measured in the same turns."""
-
-    first_s: float
-    second_s: float
-    threaded: bool  # either entry produced a batch off the main thread in the window: the pair is not fair
-
-    @property
-    def ratio(self) -> float:
-        return self.second_s / self.first_s
-
-
-def lockstep(first: Callable[[], Probe], second: Callable[[], Probe], skip: int) -> Pair:
-    """Run two entries at once in two forked processes pinned to one core, taking turns batch by batch.
-
-    Why: on a shared virtual machine the speed of a core drifts by tens of percent within a second, so two runs made
-    one after the other differ by as much as the overheads S3 judges, however they are interleaved. Alternating the
-    two runs at every batch on one core gives both the same machine at the same moment: only their own work differs.
-    Each turn runs one period (from receiving a batch to receiving the next) of one entry while the other process
-    waits; the waiting costs neither entry a period. Only the main thread waits, so an entry whose batches come from
-    a background thread would load them during the other's turn: such a pair is marked ``threaded`` and its ratio is
-    not fair (S3 measures those entries in interleaved solo rounds instead).
-    """
-    context = multiprocessing.get_context("fork")  # the children inherit the registry, the burner, the sizes
-    semaphores = context.Semaphore(0), context.Semaphore(0)
-    finished = context.Event(), context.Event()
-    start = context.Barrier(2)
-    core = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    pipes = [context.Pipe(duplex=False) for _ in range(2)]
-    children = []
-    for me, run in enumerate((first, second)):
-        other = 1 - me
-        turns = (skip, semaphores[me], semaphores[other], start, finished[other], me == 0)
-        child = context.Process(target=_lockstep_child, args=(run, turns, finished[me], pipes[me][1], core),
-                                daemon=True)
-        child.start()
-        children.append(child)
-    outcomes = []
-    for child, (reader, writer) in zip(children, pipes, strict=True):
-        writer.close()
-        waited = reader.poll(_LOCKSTEP_TIMEOUT_S * 2)  # a run takes seconds; a child that hangs is given up on
-        outcome = reader.recv() if waited else ("error", f"no result within {_LOCKSTEP_TIMEOUT_S * 2:.0f} s (a hang?)")
-        child.join(timeout=_LOCKSTEP_TIMEOUT_S)
-        if child.is_alive():
-            child.kill()
-        outcomes.append(outcome)
-    errors = [value for kind, value in outcomes if kind == "error"]
-    if errors:
-        raise RuntimeError("a lockstep run failed:\n" + "\n".join(errors))
-    (first_s, first_threaded), (second_s, second_threaded) = (value for _, value in outcomes)
-    return Pair(first_s, second_s, first_threaded or second_threaded)
-
-
-def _lockstep_child(run: Callable[[], Probe], turns: tuple, finished: Any, writer: Any, core: int | None) -> None:
-    global _TURNS
-    outcome: tuple[str, Any]
-    try:
-        if core is not None:
-            os.sched_setaffinity(0, {core})
-        _TURNS = _Turns(*turns)
-        run()
-        periods = _TURNS.periods
-        if not periods:
-            raise AssertionError(f"the run's step received no batch after the first {_TURNS.skip}")
-        outcome = ("ok", (statistics.fmean(periods), _TURNS.ran_a_thread))
-    except BaseException as error:  # noqa: BLE001  (reported to the parent, which raises it)
-        outcome = ("error", "".join(traceback.format_exception(error)))
-        turns[3].abort()  # the other run waiting at the window's start fails at once instead of timing out
-    finally:
-        finished.set()
-        if _TURNS is not None:
-            _TURNS.theirs.release()  # the other run may be waiting for a turn this one will never give
-    writer.send(outcome)
-    writer.close()
-    os._exit(0)  # Why: a forked child of pytest must not run the parent's exit handlers
-
-
-# ------------------------------------------------------------------------------------------------- overlap
-def efficiency(t_serial: float, t: float, t_ideal: float) -> float:
-    """Overlap efficiency (T_serial - T) / (T_serial - T_ideal); NaN when the serial run was not slower than ideal."""
-    return (t_serial - t) / (t_serial - t_ideal) if t_serial > t_ideal else float("nan")
-
-
-SERIAL, LOAD_ONLY, STEP_ONLY, STEP_ONLY_RAW = (
-    "baseline:regular", "baseline:load-only", "baseline:step-only", "baseline:step-only-raw")
-
-
-@dataclass(frozen=True)
-class Overlap:
-    """A design's time per batch against the serial, load-only and step-only baselines of the same point.
-
-    Times are medians over rounds (ms). T_ideal = max(L, C) with C the step-only run through stock Lightning's loop
-    (what any design could at best reach); ``c_raw`` is the same step in a plain PyTorch loop, kept as the raw-loop
-    figure. ``efficiencies`` holds one efficiency per round, from the entries of that round.
-    """
-
-    t: float
-    t_serial: float
-    l: float
-    c: float
-    c_raw: float | None
-    efficiencies: list[float]
-    efficiency_best_rounds: float  # from every entry's fastest round: noise only adds time, so the assertions use it
-
-    @property
-    def t_ideal(self) -> float:
-        return max(self.l, self.c)
-
-    @property
-    def t_ideal_raw(self) -> float | None:
-        return None if self.c_raw is None else max(self.l, self.c_raw)
-
-    @property
-    def efficiency(self) -> dict[str, Any]:
-        """The median of the per-round efficiencies and its 95 % interval."""
-        return intervals.summary(self.efficiencies)
-
-    @property
-    def efficiency_raw_ideal(self) -> float | None:
-        return None if self.c_raw is None else efficiency(self.t_serial, self.t, self.t_ideal_raw)
-
-    def row(self) -> dict[str, Any]:
-        """The figures a design row records (rounded)."""
-        summary = self.efficiency
-        return dict(
-            L_ms=rounded(self.l), C_ms=rounded(self.c), C_raw_ms=rounded(self.c_raw),
-            L_over_C_measured=rounded(self.l / self.c), time_per_batch_ms=rounded(self.t),
-            t_serial_ms=rounded(self.t_serial), t_ideal_ms=rounded(self.t_ideal),
-            t_ideal_raw_ms=rounded(self.t_ideal_raw), efficiency=summary["value"],
-            efficiency_interval=summary["interval"], efficiency_raw_ideal=rounded(self.efficiency_raw_ideal),
-            efficiency_best_rounds=rounded(self.efficiency_best_rounds),
-            speedup_vs_serial=rounded(self.t_serial / self.t),
-        )
-
-
-def overlap(data: Interleaved, name: str, serial: str = SERIAL) -> Overlap:
-    """Entry ``name`` against the baselines measured in the same interleaved rounds (``data``)."""
-    measurement, t_serial, load, step = (data.measurement(n) for n in (name, serial, LOAD_ONLY, STEP_ONLY))
-    raw = data.measurement(STEP_ONLY_RAW).median_ms if STEP_ONLY_RAW in data.kept else None
-    per_round = zip(t_serial.per_batch_s, measurement.per_batch_s, load.per_batch_s, step.per_batch_s, strict=True)
-    return Overlap(
-        t=measurement.median_ms,
-        t_serial=t_serial.median_ms,
-        l=load.median_ms,
-        c=step.median_ms,
-        c_raw=raw,
-        efficiencies=[efficiency(ts, t, max(l, c)) for ts, t, l, c in per_round],
-        efficiency_best_rounds=efficiency(t_serial.min_ms, measurement.min_ms, max(load.min_ms, step.min_ms)),
-    )
-
-
-def versus_alternatives(data: Interleaved, name: str, alternatives: Sequence[str]) -> dict[str, Any]:
-    """Time of entry ``name`` against the fastest alternative of the point (by median), per round, with its interval,
-    and against each alternative (medians); below 1 the entry is faster."""
-    times = {alt: data.measurement(alt).median_ms for alt in alternatives}
-    best = min(times, key=times.get)
-    versus = data.ratio(name, best)
-    out: dict[str, Any] = {"best_alternative": best, "vs_best_alternative": versus["value"],
-                           "vs_best_alternative_interval": versus["interval"]}
-    t = data.measurement(name).median_ms
-    for alt, t_alt in times.items():
-        out[f"vs_{alt.removeprefix('alt:').replace('-', '_')}"] = rounded(t / t_alt)
-    return out
 
 
 def rounded(value: float | None, digits: int = 4) -> float | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.conformance.terminal import GAP, Line, fit, width_for, wrapped, write_lines
+from harness_common.terminal import GAP, Line, fit, width_for, wrapped, write_lines
 
 VERDICT_MARKUP = {"met": dict(green=True), "missed": dict(red=True, bold=True), "inconclusive": dict(yellow=True)}
 HEADERS = ("design", "point", "value", "95 % interval", "verdict")

@@ -1,9 +1,10 @@
 """The benchmark targets, and where each measured design stands against them.
 
-The targets are for the configuration a design is registered with (its defaults; the rows of other depths are
-measured and shown, not judged), on the measuring machine. Which designs a target judges follows from what each
-design declares (``Design.prefetch_depth_option``), never from its name: a new design that prefetches is judged
-like the ones already registered.
+Which rows a target judges follows from what each design declares, never from its name (``benchmarks.entries``):
+the targets on a design's own cost and behaviour (S2, S3, S3-regular) judge the configuration it ships; the overlap
+targets (S1, S6 and their alternatives) measure the prefetch thread, so they judge its opt-in thread
+(``Design.thread_options``), or what it ships where it prefetches without declaring one; S4 judges every fixed depth.
+Rows of other depths are measured and shown, not judged. A new design is judged like the ones already registered.
 
 Each judged result carries the figure's median over rounds (``value``), its 95 % interval (``interval``) and a
 ``verdict`` from the interval (``benchmarks.intervals``): met, missed, inconclusive (the interval straddles the
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from benchmarks import intervals
+from benchmarks.entries import SHIPS, thread_configuration
 from harness_common import RATIO_TOLERANCE
 from prototypes.common import Design
 
@@ -85,25 +87,22 @@ def _design(row: dict[str, Any], designs: Mapping[str, Design]) -> Design | None
     return designs.get(row["design"].split("[")[0])  # a row names a design or one of its variants
 
 
+OWN_COST = {"S2": None, "S3": "dataloader_iter", "S3-regular": "regular"}  # target -> the flavour it judges
+
+
 def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> bool:
-    """Whether ``row`` is one the target judges: design rows of a design's registered configuration, and for the
-    overlap targets only designs that prefetch; S4 judges every row with a fixed depth."""
+    """Whether ``row`` is one the target judges: S4 every design row with a fixed depth; S2 and S3 the rows of
+    what a design ships (``configuration``); the overlap targets the rows of the configuration that runs a
+    design's prefetch thread (``entries.thread_configuration``), S1 only at L = C."""
     if row.get("role") != "design":
         return False
     if target == "S4":
         return isinstance(row.get("depth"), int)
-    if row.get("default") is False:
-        return False
-    if target == "S3":
-        return row["flavour"] == "dataloader_iter"
-    if target == "S3-regular":
-        return row["flavour"] == "regular"
-    if target == "S2":
-        return True
+    if target in OWN_COST:
+        return row.get("configuration") == SHIPS and OWN_COST[target] in (None, row["flavour"])
     design = _design(row, designs)
-    if design is None or design.prefetch_depth_option is None:
-        return False
-    return target != "S1" or row.get("L_over_C") == 1.0
+    judged = thread_configuration(design) if design is not None else None  # None: the design does not prefetch
+    return judged is not None and row.get("configuration") == judged and (target != "S1" or row.get("L_over_C") == 1.0)
 
 
 def off_nominal(row: dict[str, Any]) -> str | None:

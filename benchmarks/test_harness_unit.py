@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import conftest, intervals, measuring, targets, workloads
+from benchmarks import calibration, conftest, entries, intervals, lockstep, measuring, targets, workloads
 from prototypes.common import Design
 
 
@@ -115,26 +115,26 @@ def test_verdicts_come_from_the_interval_not_the_value() -> None:
 
 def test_settle_corrects_both_knobs_until_the_measured_ratio_is_nominal() -> None:
     # the machine is 20 % slower for matmuls than calibrated, and building a batch costs 0.7 ms on top of the sleep
-    def pilot(load: workloads.Knob, step: workloads.Knob) -> tuple[float, float]:
+    def pilot(load: calibration.Knob, step: calibration.Knob) -> tuple[float, float]:
         return load.value + 0.7, 1.0 + 1.2 * 0.4 * step.value
 
-    load = workloads.Knob(9.3, 10.0, 0.7, integer=False)
-    step = workloads.Knob(int((10.0 - 1.0) / 0.4), 10.0, 1.0, integer=True)
-    settled = workloads.settle(pilot, load, step, attempts=3)
+    load = calibration.Knob(9.3, 10.0, 0.7, integer=False)
+    step = calibration.Knob(int((10.0 - 1.0) / 0.4), 10.0, 1.0, integer=True)
+    settled = calibration.settle(pilot, load, step, attempts=3)
     first_l, first_c = settled.pilots[0]
     last_l, last_c = settled.pilots[-1]
     assert abs(first_l / first_c - 1.0) > 0.10  # as calibrated alone, the point would not have been judged
     assert abs(last_l / last_c - 1.0) <= 0.05 and len(settled.pilots) == 2
 
     # a machine whose every measurement is off in the same way: at most `attempts` corrections, then it stops
-    stubborn = workloads.settle(lambda a, b: (5.0, 10.0), load, step, attempts=2)
+    stubborn = calibration.settle(lambda a, b: (5.0, 10.0), load, step, attempts=2)
     assert len(stubborn.pilots) == 3
     # a correction that overshoots (a burst of other work during its pilot) is not kept: the closest pilot's knobs are
     bursts = iter([(10.0, 14.0), (10.0, 10.4), (10.0, 6.0)])
-    kept = workloads.settle(lambda a, b: next(bursts), load, step, attempts=2)
+    kept = calibration.settle(lambda a, b: next(bursts), load, step, attempts=2)
     assert kept.pilots == [(10.0, 14.0), (10.0, 10.4)] and kept.second.value < step.value
     bursts = iter([(10.0, 14.0), (10.0, 12.0), (10.0, 6.0)])
-    overshot = workloads.settle(lambda a, b: next(bursts), load, step, attempts=2)
+    overshot = calibration.settle(lambda a, b: next(bursts), load, step, attempts=2)
     assert len(overshot.pilots) == 3 and overshot.second == step.corrected(14.0)  # the 2nd try's knobs, not the 3rd
     # a measurement barely above the fixed cost corrects by at most 2x, never a thousandfold
     assert step.corrected(1.0001).value == 2 * step.value and step.corrected(1000.0).value == round(step.value / 2)
@@ -170,28 +170,29 @@ def test_targets_judge_designs_by_what_they_declare() -> None:
 
     designs = {"loads_ahead": design("loads_ahead", prefetch_depth_option="lookahead"), "plain": design("plain")}
     rows = {
-        "S1": [dict(design="loads_ahead[lookahead=2]", role="design", default=True, point="L=C", L_over_C=1.0,
+        "S1": [dict(design="loads_ahead[lookahead=2]", role="design", configuration="ships", point="L=C", L_over_C=1.0,
                     L_over_C_measured=0.98, efficiency=0.96, efficiency_interval=[0.955, 0.97],
                     vs_best_alternative=0.9, vs_best_alternative_interval=[0.85, 0.95]),
-               dict(design="loads_ahead[lookahead=0]", role="design", default=False, point="L=C", L_over_C=1.0,
+               dict(design="loads_ahead[lookahead=0]", role="design", configuration=None, point="L=C", L_over_C=1.0,
                     efficiency=0.0, vs_best_alternative=2.0),
-               dict(design="loads_ahead[lookahead=2]", role="design", default=True, point="L=2C", L_over_C=2.0,
+               dict(design="loads_ahead[lookahead=2]", role="design", configuration="ships", point="L=2C", L_over_C=2.0,
                     L_over_C_measured=1.95, efficiency=0.5, vs_best_alternative=1.2,
                     vs_best_alternative_interval=[0.98, 1.3]),
-               dict(design="loads_ahead[lookahead=2]", role="design", default=True, point="L=0.5C", L_over_C=0.5,
-                    L_over_C_measured=0.44, efficiency=0.9, vs_best_alternative=0.8,
+               dict(design="loads_ahead[lookahead=2]", role="design", configuration="ships", point="L=0.5C",
+                    L_over_C=0.5, L_over_C_measured=0.44, efficiency=0.9, vs_best_alternative=0.8,
                     vs_best_alternative_interval=[0.7, 0.9]),
-               dict(design="plain", role="design", default=True, point="L=C", L_over_C=1.0, efficiency=0.0),
+               dict(design="plain", role="design", configuration="ships", point="L=C", L_over_C=1.0, efficiency=0.0),
                dict(design="alt:workers", role="alternative", point="L=C", L_over_C=1.0, efficiency=0.99)],
-        "S3": [dict(design="plain", role="design", default=True, flavour="dataloader_iter", overhead_vs_stock=1.1,
-                    overhead_vs_stock_interval=[1.07, 1.12]),
-               dict(design="plain", role="design", default=True, flavour="regular", overhead_vs_stock=1.0,
+        "S3": [dict(design="plain", role="design", configuration="ships", flavour="dataloader_iter",
+                    overhead_vs_stock=1.1, overhead_vs_stock_interval=[1.07, 1.12]),
+               dict(design="plain", role="design", configuration="ships", flavour="regular", overhead_vs_stock=1.0,
                     overhead_vs_stock_interval=[0.99, 1.01])],
         "S4": [dict(design="loads_ahead[lookahead=4]", role="design", depth=4, peak_in_flight=6),
                dict(design="baseline:regular", role="baseline", depth=None, peak_in_flight=1)],
     }
     judged = targets.evaluate_targets(rows, designs)
-    # only the registered configuration of a design that prefetches, at L = C; the measured ratio travels along
+    # only what a design that prefetches (and declares no opt-in thread) ships, at L = C; the measured ratio
+    # travels along
     assert judged["S1"]["results"] == [dict(design="loads_ahead[lookahead=2]", value=0.96, interval=[0.955, 0.97],
                                             verdict="met", met=True, point="L=C", L_over_C=1.0,
                                             L_over_C_measured=0.98)]
@@ -218,23 +219,81 @@ def test_calibration_lands_on_the_target_despite_a_loop_cost_and_a_slower_core()
     def step_only_ms(iterations: int) -> float:
         return 1.2 + 1.3 * 0.36 * iterations
 
-    calibration = workloads.calibrate_step(step_only_ms, 20.0, ms_per_iteration=0.36)
-    assert abs(calibration.measured_ms - 20.0) < 0.5 and calibration.overhead_ms == 1.2
-    assert abs(calibration.first_ms - 20.0) > 2.0  # the uncorrected guess would have missed C by this much
+    step = calibration.calibrate_step(step_only_ms, 20.0, ms_per_iteration=0.36)
+    assert abs(step.measured_ms - 20.0) < 0.5 and step.overhead_ms == 1.2
+    assert abs(step.first_ms - 20.0) > 2.0  # the uncorrected guess would have missed C by this much
 
-    load = workloads.calibrate_load(lambda sleep_ms: sleep_ms + 0.7, 20.0)
+    load = calibration.calibrate_load(lambda sleep_ms: sleep_ms + 0.7, 20.0)
     assert load.value == pytest.approx(19.3) and load.measured_ms == pytest.approx(20.0)
 
 
-def test_design_entries_add_the_depths_of_a_design_that_prefetches_only() -> None:
-    entries = workloads.design_entries((0, 1, 2, 4))
-    for design in entries.values():
-        assert design.prefetch_depth_option or workloads.is_default(design)
-    prefetching = [d for d in entries.values() if d.prefetch_depth_option]
-    for name in {d.name for d in prefetching}:
-        depths = [workloads.depth_of(d) for d in prefetching if d.name == name]
-        assert {0, 1, 2, 4} <= set(depths) and len(depths) == len(set(depths))
-        assert sum(workloads.is_default(d) for d in prefetching if d.name == name) == 1
+def _registered(name: str, **declared) -> Design:
+    """A registry entry whose trainer takes a ``lookahead`` option, declaring what ``declared`` says."""
+    def make_trainer(trainer_kwargs, lookahead=0):
+        return None
+
+    return Design(name=name, summary=name, make_trainer=make_trainer, **declared)
+
+
+# what ships without a thread and declares its opt-in thread (as the prefetcher does); what prefetches as it ships;
+# what does not prefetch
+THREADED = _registered("threaded", options={"lookahead": 0}, thread_options={"lookahead": "auto"},
+                       prefetch_depth_option="lookahead", promised_s1_efficiency={"L=C": 0.8})
+SHIPS_PREFETCHING = _registered("ships_prefetching", options={"lookahead": 2}, prefetch_depth_option="lookahead")
+PLAIN = _registered("plain")
+REGISTRY = {d.name: d for d in (THREADED, SHIPS_PREFETCHING, PLAIN)}
+
+
+def test_the_entries_of_a_scenario_follow_what_each_design_declares(monkeypatch) -> None:
+    monkeypatch.setattr(entries, "IMPLEMENTATIONS", REGISTRY)
+    measured = entries.design_entries((0, 2))
+    assert {key: entries.configuration_of(design) for key, design in measured.items()} == {
+        "threaded[lookahead=0]": "ships", "threaded[lookahead='auto']": "opt-in thread",
+        "threaded[lookahead=2]": None, "ships_prefetching[lookahead=2]": "ships",
+        "ships_prefetching[lookahead=0]": None, "plain": "ships"}
+    # the configuration the overlap targets judge and the S1 promises are asserted on: the opt-in thread where a
+    # design declares one, else what a design that prefetches ships; none for a design that does not prefetch
+    assert [key for key, design in measured.items() if entries.is_thread_configuration(design)] == [
+        "threaded[lookahead='auto']", "ships_prefetching[lookahead=2]"]
+    assert entries.design_fields(measured["threaded[lookahead='auto']"]) == dict(
+        design="threaded[lookahead='auto']", role="design", depth="auto", configuration="opt-in thread",
+        default=False)
+    # S4 runs fixed depths only, besides what each design ships
+    assert list(entries.design_entries((1,), with_opt_in_thread=False)) == [
+        "threaded[lookahead=0]", "threaded[lookahead=1]", "ships_prefetching[lookahead=2]",
+        "ships_prefetching[lookahead=1]", "plain"]
+    # thread options that are what a design ships name no second configuration: it is judged on what it ships
+    ships_its_thread = _registered("ships_its_thread", options={"lookahead": 2}, thread_options={"lookahead": 2},
+                                   prefetch_depth_option="lookahead")
+    assert entries.opt_in_thread(ships_its_thread) is None
+    assert entries.thread_configuration(ships_its_thread) == "ships"
+
+
+def test_the_overlap_targets_judge_the_opt_in_thread_and_the_others_what_ships() -> None:
+    def row(design: str, configuration: str | None, **figures) -> dict:
+        return dict(design=design, role="design", configuration=configuration, **figures)
+
+    overlap = dict(point="M=C", M_over_C=1.0, M_over_C_measured=1.0, efficiency=0.95, efficiency_interval=[0.92, 0.97],
+                   vs_best_alternative=0.9, vs_best_alternative_interval=[0.85, 0.95])
+    cost = dict(flavour="dataloader_iter", overhead_vs_stock=1.0, overhead_vs_stock_interval=[0.99, 1.01],
+                speedup=1.8, speedup_interval=[1.7, 1.9])
+    rows = {
+        "S6": [row("threaded[lookahead=0]", "ships", **overlap),
+               row("threaded[lookahead='auto']", "opt-in thread", **overlap),
+               row("threaded[lookahead=2]", None, **overlap),
+               row("ships_prefetching[lookahead=2]", "ships", **overlap),
+               row("plain", "ships", **overlap)],
+        "S3": [row("threaded[lookahead=0]", "ships", **cost),
+               row("threaded[lookahead='auto']", "opt-in thread", **cost),
+               row("plain", "ships", **cost)],
+        "S2": [row("threaded[lookahead=0]", "ships", **cost), row("plain", "ships", **cost)],
+    }
+    judged = targets.evaluate_targets(rows, REGISTRY)
+    for overlap_target in ("S6", "S6-alternatives"):
+        assert [r["design"] for r in judged[overlap_target]["results"]] == [
+            "threaded[lookahead='auto']", "ships_prefetching[lookahead=2]"]
+    for cost_target in ("S3", "S2"):
+        assert [r["design"] for r in judged[cost_target]["results"]] == ["threaded[lookahead=0]", "plain"]
 
 
 # ------------------------------------------------------------------------------------------------- lockstep
@@ -270,7 +329,7 @@ def _fake_run(name: str, log: Path, batches: int = 12, produce_on_a_thread: bool
 @pytest.mark.timeout(60)
 def test_lockstep_runs_take_turns_batch_by_batch_from_the_window_on(tmp_path: Path) -> None:
     log, skip = tmp_path / "receipts", 3
-    pair = measuring.lockstep(_fake_run("a", log), _fake_run("b", log), skip)
+    pair = lockstep.lockstep(_fake_run("a", log), _fake_run("b", log), skip)
     receipts = [line.split() for line in log.read_text().splitlines()]
     in_window = [name for name, i in receipts if int(i) > skip]
     assert in_window == ["a", "b"] * (12 - 1 - skip)  # strictly alternating, the first run first
@@ -281,7 +340,7 @@ def test_lockstep_runs_take_turns_batch_by_batch_from_the_window_on(tmp_path: Pa
 @pytest.mark.timeout(60)
 def test_lockstep_marks_a_pair_whose_batches_come_from_a_thread(tmp_path: Path) -> None:
     log = tmp_path / "receipts"
-    assert measuring.lockstep(_fake_run("a", log), _fake_run("b", log, produce_on_a_thread=True), 2).threaded
+    assert lockstep.lockstep(_fake_run("a", log), _fake_run("b", log, produce_on_a_thread=True), 2).threaded
 
 
 @pytest.mark.timeout(60)
@@ -289,4 +348,4 @@ def test_lockstep_marks_a_pair_whose_batches_come_from_a_thread(tmp_path: Path) 
 def test_lockstep_raises_a_failing_runs_error_without_hanging_the_other(tmp_path: Path, fail_at: int) -> None:
     log = tmp_path / "receipts"
     with pytest.raises(RuntimeError, match="b failed at batch"):
-        measuring.lockstep(_fake_run("a", log), _fake_run("b", log, fail_at=fail_at), 3)
+        lockstep.lockstep(_fake_run("a", log), _fake_run("b", log, fail_at=fail_at), 3)

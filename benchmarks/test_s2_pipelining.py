@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
-from benchmarks import measuring, workloads
+from benchmarks import entries, measuring, workloads
 from benchmarks.conftest import FEATURES, ROWS
 from prototypes import IMPLEMENTATIONS
 
@@ -31,7 +31,7 @@ pytestmark = [
 ]
 
 MODES = ("plain", "pipelined")
-CASES = [(who, mode) for who in IMPLEMENTATIONS for mode in MODES]
+CASES = [(design, mode) for design in IMPLEMENTATIONS for mode in MODES]
 PROMISED_SPEEDUP = 1.3  # asserted in benchmark mode for every design, on the fastest rounds (target 1.6, recorded)
 
 
@@ -101,7 +101,7 @@ class PipelinedStep(pl.LightningModule):
             self.train_on(last.result())
 
 
-def _once(bench, who: str, mode: str) -> measuring.Probe:
+def _once(bench, design: str, mode: str) -> measuring.Probe:
     sizes = bench.sizes
     n = sizes.s2_batches
     probe = measuring.Probe()
@@ -115,51 +115,47 @@ def _once(bench, who: str, mode: str) -> measuring.Probe:
     ) as pool:
         module = PipelinedStep(probe, bench.burner, bench.burner.iterations_for(sizes.s2_c_ms),
                                bench.burner.iterations_for(sizes.s2_r_ms), pool, mode == "pipelined")
-        workloads.fit(workloads.make_trainer(IMPLEMENTATIONS[who], bench.root), module, workloads.loader(dataset))
+        workloads.fit(workloads.make_trainer(IMPLEMENTATIONS[design], bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     measuring.check_exactly_once(probe.trained, n, what="trained on")
     return probe
 
 
 def _point(bench) -> measuring.Interleaved:
-    runs = {f"{who}-{mode}": partial(_once, bench, who, mode) for who, mode in CASES}
+    runs = {f"{design}-{mode}": partial(_once, bench, design, mode) for design, mode in CASES}
     return bench.interleaved(("S2",), runs, bench.sizes.rounds, bench.sizes.warmup)
 
 
-@pytest.mark.parametrize(("who", "mode"), CASES, ids=[f"{w}-{m}" for w, m in CASES])
-def test_s2_pipelining(benchmark, bench, who: str, mode: str) -> None:
+@pytest.mark.parametrize(("design", "mode"), CASES, ids=[f"{d}-{m}" for d, m in CASES])
+def test_s2_pipelining(benchmark, bench, design: str, mode: str) -> None:
     sizes = bench.sizes
     data = _point(bench)
-    measurement = data.measurement(f"{who}-{mode}")
-    measuring.report(benchmark, measurement)
+    measurement = bench.reported(benchmark, data, f"{design}-{mode}")
     common = dict(R_target_ms=sizes.s2_r_ms, C_target_ms=sizes.s2_c_ms, L_target_ms=0.0, n_batches=sizes.s2_batches,
                   timed_batches=sizes.s2_batches - 1 - sizes.skip)
     if mode == "plain":
-        row = dict(design=IMPLEMENTATIONS[who].id, role="baseline", flavour="dataloader_iter", mode=mode, **common,
-                   time_per_batch_ms=measuring.rounded(measurement.median_ms), rounds=measurement.rounds)
-        bench.extra_info(benchmark, row)
-        bench.store.record("S2", row)
+        bench.record(benchmark, "S2", dict(
+            design=IMPLEMENTATIONS[design].id, role="baseline", flavour="dataloader_iter", mode=mode, **common,
+            time_per_batch_ms=measuring.rounded(measurement.median_ms), rounds=measurement.rounds))
         return
 
-    plain = data.measurement(f"{who}-plain")
+    plain = data.measurement(f"{design}-plain")
     # same batches, same operations: the pipelined step must end with exactly the unpipelined weights
     for got, want in zip(measurement.probes[-1].final_weights, plain.probes[-1].final_weights, strict=True):
-        assert torch.equal(got, want), f"{who}: pipelined step ended with different weights than the plain one"
-    speedup = data.ratio(f"{who}-plain", f"{who}-{mode}")  # per round: both ran in it
+        assert torch.equal(got, want), f"{design}: pipelined step ended with different weights than the plain one"
+    speedup = data.ratio(f"{design}-plain", f"{design}-{mode}")  # per round: both ran in it
     best = plain.min_ms / measurement.min_ms  # fastest rounds: the noise-margin figure the assertion uses
     ideal = (sizes.s2_r_ms + sizes.s2_c_ms) / max(sizes.s2_r_ms, sizes.s2_c_ms)
-    row = dict(
-        design=IMPLEMENTATIONS[who].id, role="design", flavour="dataloader_iter", mode=mode, **common,
+    bench.record(benchmark, "S2", dict(
+        **entries.design_fields(IMPLEMENTATIONS[design]), flavour="dataloader_iter", mode=mode, **common,
         time_per_batch_ms=measuring.rounded(measurement.median_ms),
         time_per_batch_plain_ms=measuring.rounded(plain.median_ms),
         speedup=speedup["value"], speedup_interval=speedup["interval"], speedup_best_rounds=measuring.rounded(best),
         ideal_speedup=measuring.rounded(ideal), rounds=measurement.rounds,
-    )
-    bench.extra_info(benchmark, row)
-    bench.store.record("S2", row)
+    ))
     if bench.measuring:
         assert best >= PROMISED_SPEEDUP, (
-            f"{who}: pipelining the step gave {best:.2f}x in the best rounds ({speedup['value']}x, median of rounds:"
-            f" plain"
-            f" {plain.median_ms:.2f} ms, pipelined {measurement.median_ms:.2f} ms per batch), below {PROMISED_SPEEDUP}x"
+            f"{design}: pipelining the step gave {best:.2f}x in the best rounds ({speedup['value']}x, median of rounds:"
+            f" plain {plain.median_ms:.2f} ms, pipelined {measurement.median_ms:.2f} ms per batch), below"
+            f" {PROMISED_SPEEDUP}x"
         )

@@ -1,6 +1,6 @@
 """S4 jitter and depth: load times drawn per item (exponential, fixed seed, mean C), large batches.
 
-Every design runs at its defaults, and every design that prefetches (``Design.prefetch_depth_option``) also at depth
+Every design runs as it ships, and every design that prefetches (``Design.prefetch_depth_option``) also at depth
 1, 2, 4 and 8; baselines as in S1 (stock regular flavour, load-only, step-only through stock Lightning and its
 raw-loop figure); all interleaved round by round. Per run: efficiency, peak process RSS (psutil, sampled whenever a
 batch is produced or received) and peak batches in flight (produced by the dataset but not yet received by the step),
@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 
-from benchmarks import measuring, workloads
+from benchmarks import entries, measuring, overlap, workloads
 
 pytestmark = [
     pytest.mark.benchmark(group="S4 jitter and depth (time per batch)", timer=measuring.span_clock),
@@ -21,14 +21,15 @@ pytestmark = [
 ]
 
 DEPTHS = (1, 2, 4, 8)
-BASELINES = (measuring.SERIAL, measuring.LOAD_ONLY, measuring.STEP_ONLY, measuring.STEP_ONLY_RAW)
-ENTRIES = workloads.design_entries(DEPTHS)
+BASELINES = (overlap.SERIAL, overlap.LOAD_ONLY, overlap.STEP_ONLY, overlap.STEP_ONLY_RAW)
+# S4 judges fixed depths: the opt-in thread's own depth (2, once "auto" keeps its thread) runs among them
+DESIGNS = entries.design_entries(DEPTHS, with_opt_in_thread=False)
 FEATURES = 1023  # + the id column: 1024 float32 columns, 4 KiB per row
 SEED = 7
-CASES = [*BASELINES, *ENTRIES]
+CASES = [*BASELINES, *DESIGNS]
 
 
-def _once(bench, who: str) -> measuring.Probe:
+def _once(bench, entry: str) -> measuring.Probe:
     sizes = bench.sizes
     n = sizes.s4_batches
     iterations = bench.burner.iterations_for(sizes.s4_c_ms)
@@ -36,26 +37,26 @@ def _once(bench, who: str) -> measuring.Probe:
     loads = workloads.jittered_loads(n, sizes.s4_c_ms, SEED)
     dataset = workloads.TimedDataset(n, loads, probe, sizes.s4_rows, FEATURES)
     regular = workloads.RegularStep(probe, FEATURES, bench.burner, iterations)
-    if who == measuring.LOAD_ONLY:
+    if entry == overlap.LOAD_ONLY:
         workloads.run_load_only(probe, workloads.loader(dataset))
-    elif who in (measuring.STEP_ONLY, measuring.STEP_ONLY_RAW):
+    elif entry in (overlap.STEP_ONLY, overlap.STEP_ONLY_RAW):
         batches = [dataset.make(i) for i in range(n)]
-        if who == measuring.STEP_ONLY:
+        if entry == overlap.STEP_ONLY:
             workloads.run_step_only(regular, batches, bench.root)
         else:
             workloads.run_raw_step_only(regular, batches)
         del batches
-    elif who == measuring.SERIAL:
+    elif entry == overlap.SERIAL:
         workloads.fit(workloads.make_trainer(None, bench.root), regular, workloads.loader(dataset))
     else:
         module = workloads.IterStep(probe, FEATURES, bench.burner, iterations)
-        workloads.fit(workloads.make_trainer(ENTRIES[who], bench.root), module, workloads.loader(dataset))
+        workloads.fit(workloads.make_trainer(DESIGNS[entry], bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     return probe
 
 
 def _point(bench) -> measuring.Interleaved:
-    runs = {who: partial(_once, bench, who) for who in CASES}
+    runs = {entry: partial(_once, bench, entry) for entry in CASES}
     return bench.interleaved(("S4",), runs, bench.sizes.s4_rounds, bench.sizes.warmup)
 
 
@@ -68,14 +69,13 @@ def mmap_threshold(bench):
     return threshold
 
 
-@pytest.mark.parametrize("who", CASES)
-def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str) -> None:
+@pytest.mark.parametrize("entry", CASES)
+def test_s4_jitter_depth(benchmark, bench, mmap_threshold, entry: str) -> None:
     sizes = bench.sizes
     n = sizes.s4_batches
     batch_mb = sizes.s4_rows * (FEATURES + 1) * 4 / 2**20
     data = _point(bench)
-    measurement = data.measurement(who)
-    measuring.report(benchmark, measurement)
+    measurement = bench.reported(benchmark, data, entry)
     common = dict(
         L_mean_ms=sizes.s4_c_ms, L_distribution=f"exponential, mean C, seed {SEED}", C_target_ms=sizes.s4_c_ms,
         n_batches=n, batch_mb=measuring.rounded(batch_mb, 3),
@@ -84,26 +84,22 @@ def test_s4_jitter_depth(benchmark, bench, mmap_threshold, who: str) -> None:
         peak_rss_delta_mb=measuring.rounded(max(p.peak_rss - p.rss_start for p in measurement.probes) / 2**20, 1),
         peak_in_flight=max(p.peak_in_flight for p in measurement.probes), rounds=measurement.rounds,
     )
-    if who in BASELINES:
-        row = dict(design=who, role="baseline", depth=None, **common)
-        bench.extra_info(benchmark, row)
-        bench.store.record("S4", row)
+    if entry in BASELINES:
+        bench.record(benchmark, "S4", dict(design=entry, role="baseline", depth=None, **common))
         return
 
-    o = measuring.overlap(data, who)
-    design = ENTRIES[who]
-    depth = workloads.depth_of(design)
+    o = overlap.overlap(data, entry)
+    design = DESIGNS[entry]
+    depth = entries.depth_of(design)
     figures = o.row()
     row = dict(
-        design=design.id, role="design", depth=depth, default=workloads.is_default(design),
-        off_main_thread=workloads.off_main_share(measurement.probes), **common,
+        **entries.design_fields(design), off_main_thread=entries.off_main_share(measurement.probes), **common,
         **{k: figures[k] for k in ("L_ms", "C_ms", "C_raw_ms", "t_serial_ms", "t_ideal_ms", "t_ideal_raw_ms",
                                    "efficiency", "efficiency_interval", "efficiency_raw_ideal",
                                    "efficiency_best_rounds")},
         in_flight_limit=depth + 1 if isinstance(depth, int) else None,  # a depth the design chooses: no fixed limit
     )
-    bench.extra_info(benchmark, row)
-    bench.store.record("S4", row)
+    bench.record(benchmark, "S4", row)
     if bench.measuring and row["in_flight_limit"] is not None:
         assert row["peak_in_flight"] <= depth + 1, (
             f"{design.id}: {row['peak_in_flight']} batches were produced but not yet received by the step,"

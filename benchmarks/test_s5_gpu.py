@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import gpu_s5, measuring, results
+from benchmarks import entries, gpu_s5, measuring, results
 from prototypes import IMPLEMENTATIONS
 
 SCRIPT = gpu_s5.REPO_ROOT / "benchmarks" / "gpu_s5.py"
@@ -21,9 +21,10 @@ DRY_RUN_TIMEOUT_S = 240  # a hang guard, not a time bound: the run takes seconds
 
 
 def repository_design_ids() -> list[str]:
-    """What the script's own process registers: this repository's designs (not one from outside that ``--impl``
-    adds to this session's registry)."""
-    return [d.id for d in IMPLEMENTATIONS.values() if d.make_trainer.__module__.split(".")[0] == "prototypes"]
+    """What the script's own process runs: this repository's designs (not one from outside that ``--impl`` adds to
+    this session's registry), each as it ships and with its opt-in prefetch thread."""
+    return [d.id for d in entries.design_entries(()).values()
+            if d.make_trainer.__module__.split(".")[0] == "prototypes"]
 
 
 @pytest.mark.timeout(DRY_RUN_TIMEOUT_S + 60)
@@ -46,7 +47,7 @@ def test_the_dry_run_on_cpu_runs_every_design_and_writes_its_results(tmp_path) -
     designs = repository_design_ids()
     rows = document["scenarios"]["S5"]
     assert sorted((row["point"], row["design"]) for row in rows) == sorted(
-        (point, who) for point in gpu_s5.POINTS for who in (*gpu_s5.BASELINES, *designs))
+        (point, entry) for point in gpu_s5.POINTS for entry in (*gpu_s5.BASELINES, *designs))
     for row in rows:
         assert "error" not in row and row["correct"] is True, row
         assert row["n_batches"] == gpu_s5.DRY_RUN_BATCHES and row["rounds"] == 1, row
@@ -73,7 +74,7 @@ def test_a_design_that_cannot_run_is_recorded_and_fails_the_run(tmp_path, monkey
     assert all(row["correct"] for row in rows if row["design"] != broken.id), rows
     printed = capsys.readouterr().out
     assert f"; {len(gpu_s5.POINTS)} problem(s)" in printed
-    assert printed.count("PROBLEM: ") == len(gpu_s5.POINTS) and "prefetcher_negative_depth: ValueError" in printed
+    assert printed.count("PROBLEM: ") == len(gpu_s5.POINTS) and f"{broken.id}: ValueError" in printed
 
 
 def probe(received: list[int], exact: bool, weights: list[float]) -> measuring.Probe:

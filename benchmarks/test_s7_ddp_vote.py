@@ -28,8 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmarks import intervals, measuring, workloads
+from harness_common import QUIET
 from prototypes.common import every_rank_has_a_batch
-from tests.conformance.harness import QUIET
 
 pytestmark = [
     pytest.mark.benchmark(group="S7 DDP end-of-data vote (time per vote)", timer=measuring.span_clock),
@@ -124,5 +124,4 @@ def test_s7_ddp_vote(benchmark, bench, tmp_path: Path) -> None:
                tiny_step_us=measuring.rounded(step_us, 1),
                vote_share_of_tiny_step=measuring.rounded(statistics.median(timings["vote_s"]) / timings["step_s"]),
                rounds=rounds)
-    bench.extra_info(benchmark, row)
-    bench.store.record("S7", row)
+    bench.record(benchmark, "S7", row)

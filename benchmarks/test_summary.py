@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import summary
 from benchmarks.results import RESULTS_DIR
-from tests.conformance.terminal import plain
+from harness_common.terminal import plain
 
 pytest_plugins = ["pytester"]
 

@@ -1,4 +1,4 @@
-"""The conformance matrix as the terminal shows it (``tests/conformance/terminal.py``), rendered from the committed
+"""The conformance matrix as the terminal shows it (``harness_common/terminal.py``), rendered from the committed
 ``rfc/results/conformance.json`` and from results with more designs and clauses than any run has had yet."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from harness_common.terminal import FAILED, plain, render_matrix
 from tests.conformance.plugin import CLAUSES
-from tests.conformance.terminal import FAILED, plain, render_matrix
 
 COMMITTED = json.loads((Path(__file__).resolve().parent.parent / "rfc" / "results" / "conformance.json").read_text())
 SUMMARIES = {name: entry["summary"] for name, entry in COMMITTED["designs"].items()}

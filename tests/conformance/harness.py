@@ -25,6 +25,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, default_collate, get_worker_info
 
+from harness_common import QUIET
 from prototypes.common import Design
 
 FEATURES = 4
@@ -198,19 +199,6 @@ def assert_nothing_left(before: Running, grace_s: float = 10.0) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- trainer
-# The Trainer defaults of every test and benchmark (benchmarks/workloads.py builds its Trainers with them too).
-QUIET = dict(
-    accelerator="cpu",
-    devices=1,
-    logger=False,
-    enable_checkpointing=False,
-    enable_progress_bar=False,
-    enable_model_summary=False,
-    num_sanity_val_steps=0,
-    max_epochs=1,
-)
-
-
 def make_trainer(design: Design, **overrides: Any) -> pl.Trainer:
     """``design.trainer(...)`` with quiet defaults; tests override what they are about."""
     return design.trainer(**{**QUIET, **overrides})

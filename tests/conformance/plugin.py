@@ -26,8 +26,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import harness_common
+from harness_common.terminal import write_matrix
 from prototypes.common import Design
-from tests.conformance.terminal import write_matrix
 
 # Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
 # The `design` fixture is an immutable registry entry, so sharing it across examples is safe.

@@ -6,8 +6,11 @@
   every results file's ``setup``; ``SETUP_LABELS`` is how the RFC shows it.
 - **The ratio rule**: ``RATIO_TOLERANCE``, how far a measured L/C or M/C may sit from its nominal value before a
   benchmark point is not judged (the benchmarks judge by it, the RFC flags by it).
+- **The quiet Trainer**: ``QUIET``, the Trainer defaults every test and benchmark builds its Trainers with.
+- **The terminal** (``harness_common.terminal``): lines of marked-up text fitted to a width, written at the end of a
+  run (the conformance matrix, the benchmarks' verdicts).
 
-Why a top-level module of its own: each of the three imported these from another (the suite its provenance from
+Why a top-level package of its own: each of the three imported these from another (the suite its provenance from
 the benchmarks, the benchmarks their selection from the suite), which tied them in a cycle; and ``prototypes`` is
 the designs' package, which a maintainer would lift into Lightning without any of this. It imports only
 ``prototypes`` (the registry) and the standard library, never ``tests``, ``benchmarks`` or ``rfc``
@@ -31,12 +34,24 @@ from typing import Any
 
 from prototypes.common import Design
 
-REPO_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT_GROUP = "dataloader_iter_designs"
 
 # A benchmark point is judged only when its measured ratio (L/C in S1, M/C in S6) is within this share of the nominal
 # one; otherwise it measured something else.
 RATIO_TOLERANCE = 0.10
+
+# The Trainer defaults of every test and benchmark: one CPU device, nothing logged, checkpointed or printed.
+QUIET = dict(
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+    max_epochs=1,
+)
 
 
 # ------------------------------------------------------------------------------------------------ design selection
