@@ -37,7 +37,7 @@ from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, _collate, item
+from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, collate_items, item
 from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
 
 WORLD = 2
@@ -387,7 +387,7 @@ def reference_ddp_weights(outcomes: list[dict], pattern: tuple[int, ...]) -> dic
     for step in zip(*per_rank, strict=True):
         losses = []
         for batches in step:
-            tensors = [_collate([item(i) for i in batch]) for batch in batches]
+            tensors = [collate_items([item(i) for i in batch]) for batch in batches]
             losses.append(torch.stack([torch.nn.functional.mse_loss(layer(x), y) for _, x, y in tensors]).mean())
         optimizer.zero_grad()
         torch.stack(losses).mean().backward()
