@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from collections import defaultdict
 from pathlib import Path
 
@@ -98,6 +99,22 @@ def pytest_configure(config: pytest.Config) -> None:
     state = _State(designs=select_designs(config.getoption("--impl")), extra_dir=extra_dir)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-outcomes")
+
+
+# The libraries whose versions decide what the suite observes, as the run's header names them.
+HEADER_VERSIONS = ("torch", "pytorch-lightning", "torchdata", "torchrec")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What this run checks, and against what: the designs and variants selected, the versions, the commit."""
+    revision = harness_common.code_revision()
+    versions = ", ".join(f"{dist} {harness_common.version(dist)}" for dist in HEADER_VERSIONS)
+    dirty = " (dirty: uncommitted changes outside the results)" if revision["git_dirty"] else ""
+    return [
+        f"conformance designs: {', '.join(design.id for design in config.stash[_STATE].designs)}",
+        f"python {platform.python_version()}, {versions}",
+        f"commit {revision['git_commit']}{dirty}",
+    ]
 
 
 def selected_designs(config: pytest.Config) -> list[Design]:

@@ -126,6 +126,8 @@ def first_difference(expected: Any, observed: Any) -> str:
 
 
 @pytest.mark.parametrize("name", list(RUNS))
+# On purpose: the runs are a few batches long, shorter than the default logging interval of the runs that keep it.
+@pytest.mark.filterwarnings("ignore:The number of training batches .* is smaller than the logging interval")
 def test_loop_changing_designs_observe_the_same_run(request, name, tmp_path):
     designs = [design for design in selected_designs(request.config) if design.changes_lightning_loops]
     if len(designs) < 2:
