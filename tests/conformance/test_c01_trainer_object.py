@@ -25,14 +25,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from prototypes import IMPLEMENTATIONS
 from tests.conformance.ddp import (
     SHARED_ITEMS,
-    SPAWN_TEST_TIMEOUT_S,
     received_batches,
     reference_ddp_weights,
     require_all_reported,
     sampler_shard_batches,
-    spawn_fit,
     summary,
 )
+from tests.conformance.ddp_spawn import SPAWN_TEST_TIMEOUT_S, spawn_fit
 from tests.conformance.harness import (
     BATCH_SIZE,
     Crash,
