@@ -46,6 +46,11 @@ class Design:
     without one: the configuration the overlap targets (S1, S6) and the RFC's thread decision judge. The decision
     rendered from those measurements and ``options`` must agree (``tests/test_render.py``): a measurement that makes
     the thread the default makes ``options`` these, or that test fails.
+
+    ``changes_lightning_loops``: the design changes how Lightning's loops run the flavour (limits, validation points,
+    logging, accumulation), so its runs must agree with those of every other design that declares it
+    (``tests/conformance/test_agreement.py``). Declared, not read from the loops' types: a patched Lightning whose
+    loops are Lightning's own types changes them too.
     """
 
     name: str
@@ -57,6 +62,7 @@ class Design:
     promised_s1_efficiency: Mapping[str, float] = field(default_factory=dict)
     promised_s4_efficiency_at_depth: Mapping[int, float] = field(default_factory=dict)
     thread_options: Mapping[str, Any] = field(default_factory=dict)
+    changes_lightning_loops: bool = False
 
     @property
     def id(self) -> str:

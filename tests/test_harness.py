@@ -141,45 +141,32 @@ def expected_failures_dir(tmp_path, monkeypatch):
 
 def test_expected_failure_matching_no_test_is_an_error(pytester, toy_design, expected_failures_dir):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "reason: a stale entry\n    test_c02_items.py::test_no_such_test[sized]\n"
+        "[gaps]\nstale: a stale entry\n[expected failures]\nstale\n    test_c02_items.py::test_no_such_test[sized]\n"
     )
     outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_c02", "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:2: test_c02_items.py::test_no_such_test*"])
+    outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:5: test_c02_items.py::test_no_such_test*"])
 
 
-def test_expected_failure_without_reason_is_an_error(pytester, toy_design, expected_failures_dir):
+def test_a_malformed_expected_failure_file_stops_the_run_naming_the_line(pytester, toy_design, expected_failures_dir):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
+        "[gaps]\n[expected failures]\n"
+        "    test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
     )
     outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines(["*toy_dropping.txt:1: *gives no reason*"])
+    outcome.stderr.fnmatch_lines(["*toy_dropping.txt:3: *names no gap*"])
 
 
-@pytest.mark.parametrize(
-    "text, error",
-    [
-        ("reason: nothing under it\n\nreason: another\n    test_c02_items.py::test_x\n",
-         "*:1: reason 'nothing under it' covers no test id*"),
-        ("reason: twice\n    test_c02_items.py::test_x\n    test_c02_items.py::test_x\n",
-         "*:3: *already listed on line 2*"),
-        ("reason:\n    test_c02_items.py::test_x\n", "*:1: empty reason*"),
-    ],
-    ids=["reason-without-ids", "id-listed-twice", "empty-reason"],
-)
-def test_a_malformed_reason_group_is_an_error(pytester, toy_design, expected_failures_dir, text, error):
-    (expected_failures_dir / "toy_dropping.txt").write_text(text)
-    outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
-    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
-    outcome.stderr.fnmatch_lines([error])
-
-
-def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expected_failures_dir):
+def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expected_failures_dir, tmp_path):
     (expected_failures_dir / "toy_dropping.txt").write_text(
-        "reason: claimed broken\n"
+        "[gaps]\n"
+        "claimed: claimed broken\n"
+        "drops: the toy drops every third batch\n"
+        "[expected failures]\n"
+        "claimed\n"
         "    test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
-        "reason: the toy drops every third batch\n"  # one reason covering five ids
+        "drops: the sequence has gaps\n"  # one gap covering five ids
         + "".join(
             f"    test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch[{p}-sized]\n"
             for p in ("(1,)", "(2,)", "(3,)", "(0, 1)", "(0, 2, 1, 3)")
@@ -189,10 +176,16 @@ def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expect
         f"{SUITE}/test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator",
         f"{SUITE}/test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch",
     )
+    results = tmp_path / "results.json"
     outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_parameter_named or (sized and not unsized)",
-                         targets=targets)
+                        "--results", str(results), targets=targets)
     outcome.assert_outcomes(failed=1, xfailed=5)
     outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
+    reported = {(r["outcome"], r["gap"], r["reason"]) for r in json.loads(results.read_text())["results"]}
+    assert reported == {
+        ("failed", "claimed", "claimed broken"),  # a strict xfail that passes fails
+        ("xfailed", "drops", "the sequence has gaps; the toy drops every third batch"),
+    }
 
 
 def _ignoring_sigint() -> None:
@@ -334,15 +327,17 @@ def test_an_outside_designs_expected_failures_are_read_from_its_directory_and_st
     own = tmp_path / "conformance"
     own.mkdir()
     (own / "mine.txt").write_text(
-        "reason: claimed broken\n    test_c02_items.py::test_batch_idx_restarts_from_zero_each_epoch[sized]\n"
+        "[gaps]\nclaimed: claimed broken\n[expected failures]\nclaimed\n"
+        "    test_c02_items.py::test_batch_idx_restarts_from_zero_each_epoch[sized]\n"
     )
     outcome = run_suite(pytester, "--impl", OUTSIDE, "--expected-failures", str(own), "-k", "test_batch_idx_restarts")
     outcome.assert_outcomes(passed=1, failed=1)
     outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
-    (own / "mine.txt").write_text("reason: stale\n    test_c02_items.py::test_no_such_test[sized]\n")
+    (own / "mine.txt").write_text("[gaps]\nstale: stale\n[expected failures]\nstale\n"
+                                  "    test_c02_items.py::test_no_such_test[sized]\n")
     stale = run_suite(pytester, "--impl", OUTSIDE, "--expected-failures", str(own), "--collect-only")
     assert stale.ret == pytest.ExitCode.USAGE_ERROR
-    stale.stderr.fnmatch_lines([f"*{own / 'mine.txt'}:2: test_c02_items.py::test_no_such_test*"])
+    stale.stderr.fnmatch_lines([f"*{own / 'mine.txt'}:5: test_c02_items.py::test_no_such_test*"])
 
 
 IMPOSTOR = 'from prototypes.common import Design\nDESIGN = Design(name={name!r}, summary="x", make_trainer=None)\n'
@@ -419,3 +414,4 @@ def test_failed_cells_are_red_unless_no_color_is_set(pytester, toy_design, monke
     plain = run_suite(pytester, *args, targets=(fixed_patterns,))
     assert "\x1b[" not in plain.stdout.str().split("conformance matrix")[1]
     plain.stdout.fnmatch_lines(["failed: C3 toy_dropping"])
+

@@ -1,17 +1,24 @@
-"""The conformance matrix as the terminal shows it (``harness_common/terminal.py``), rendered from the committed
-``rfc/results/conformance.json`` and from results with more designs and clauses than any run has had yet."""
+"""What the terminal shows of a conformance run: the header naming what ran, a warning the suite did not expect, and
+the conformance matrix (``harness_common/terminal.py``), rendered from the committed ``rfc/results/conformance.json``
+and from results with more designs and clauses than any run has had yet."""
 
 from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 
+import harness_common
 from harness_common.terminal import FAILED, plain, render_matrix
 from tests.conformance.plugin import CLAUSES
+from tests.test_harness import SUITE, registered, run_suite
+
+pytest_plugins = ["pytester"]
 
 COMMITTED = json.loads((Path(__file__).resolve().parent.parent / "rfc" / "results" / "conformance.json").read_text())
 SUMMARIES = {name: entry["summary"] for name, entry in COMMITTED["designs"].items()}
@@ -106,3 +113,28 @@ def test_only_what_ran_is_shown_and_nothing_when_nothing_ran():
     assert not [line for line in lines if "prefetcher" in line or "batch_processor" in line]
     skipped = [dict(r, outcome="skipped") for r in COMMITTED["results"]]
     assert render(skipped, 100) == [] and render([], 100) == []
+
+
+def test_the_header_names_the_designs_the_versions_and_the_commit(pytester):
+    outcome = run_suite(pytester, "--impl", "upstream,prefetcher[depth=4]", "--collect-only")
+    outcome.stdout.fnmatch_lines([
+        "conformance designs: upstream, prefetcher[depth=4]",
+        "python *, torch *, pytorch-lightning *, torchdata *, torchrec *",
+        f"commit {harness_common.code_revision()['git_commit']}*",
+    ])
+
+
+class WarningTrainer(pl.Trainer):
+    def fit(self, *args, **kwargs):
+        warnings.warn("the toy design warns where the suite expects nothing", UserWarning, stacklevel=2)
+        return super().fit(*args, **kwargs)
+
+
+@pytest.mark.timeout(300)
+def test_a_warning_the_suite_did_not_expect_still_reaches_the_summary(pytester):
+    # The suite silences the Lightning warnings it provokes on purpose where it provokes them: anything else shows.
+    with registered("toy_warning", "stock Lightning that warns in every fit", lambda kwargs: WarningTrainer(**kwargs)):
+        outcome = run_suite(pytester, "--impl", "toy_warning", "-k", "test_batch_idx_restarts",
+                            targets=(str(SUITE / "test_c02_items.py"),))
+    outcome.assert_outcomes(passed=2, warnings=2)
+    outcome.stdout.fnmatch_lines(["*warnings summary*", "*UserWarning: the toy design warns where the suite expects*"])

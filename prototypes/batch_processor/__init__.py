@@ -73,4 +73,5 @@ DESIGN = Design(
     name="batch_processor",
     summary="Lightning's loops hand the step a look-ahead iterator; each next() transfers and counts a batch",
     make_trainer=_trainer_with_iterator_loops,
+    changes_lightning_loops=True,
 )

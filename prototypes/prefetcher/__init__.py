@@ -69,6 +69,7 @@ DESIGN = Design(
     # What ships, as the RFC's thread decision renders it: no thread unless asked for (`thread_options`).
     options={"depth": 0},
     thread_options={"depth": AUTO},
+    changes_lightning_loops=True,
     # Why these: the default (no thread), the opt-in thread that may switch itself off ("auto") and a thread
     # through the whole run (2) take every path the contract sees; depths 1 and 4 change only how many batches wait
     # in the queue, which the design's own tests run at every depth (tests/designs/test_prefetcher.py), and

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rendering.markdown import code
+from rendering.markdown import code, display_path
 from rendering.results import Inputs
 
 TAG_RE = re.compile(r"\[RFC (\d+)\]")
@@ -129,8 +129,6 @@ def list_items(text: str) -> dict[int, str] | None:
 def check(inputs: Inputs, pages: dict[Path, str]) -> list[str]:
     """Every way the list and the tags disagree, each naming the item or the tag and the fix; empty when they
     agree."""
-    from rendering.pages import display_path  # Why here: pages imports this module for its blocks
-
     tags, problems = read_tags(code_dir(inputs))
     lists = {path: items for path, text in pages.items() if (items := list_items(text)) is not None}
     for path, text in pages.items():

@@ -162,3 +162,12 @@ def fmt_number(key: str, value: Any) -> str:
 
 def relative_link(target: Path, page_dir: Path) -> str:
     return Path(os.path.relpath(target, page_dir)).as_posix()
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies under it, else as given: how messages name files."""
+    try:
+        rel = Path(os.path.relpath(path)).as_posix()
+    except ValueError:  # another drive on Windows
+        return str(path)
+    return str(path) if rel.startswith("../") else rel

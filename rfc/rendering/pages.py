@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -29,7 +28,7 @@ from rendering.conformance import (
 from rendering.coupling import COUPLING_BLOCKS
 from rendering.decision import block_decision
 from rendering.defects import block_defects
-from rendering.markdown import once_per_page
+from rendering.markdown import display_path, once_per_page
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
 from rendering.prose_blocks import PROSE_BLOCKS
@@ -257,11 +256,3 @@ def write(inputs: Inputs, the_plan: Plan) -> list[Path]:
         png.unlink()
         written.append(png)
     return written
-
-
-def display_path(path: Path) -> str:
-    try:
-        rel = Path(os.path.relpath(path)).as_posix()
-    except ValueError:  # another drive on Windows
-        return str(path)
-    return str(path) if rel.startswith("../") else rel

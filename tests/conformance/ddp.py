@@ -24,7 +24,6 @@ import os
 import signal
 import socket
 import tempfile
-import threading
 import time
 import traceback
 from datetime import timedelta
@@ -33,11 +32,10 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_lightning.callbacks import Callback
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, _collate, item
+from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, collate_items, item
 from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
 
 WORLD = 2
@@ -129,13 +127,13 @@ def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
         trainer.fit(module, train_dataloaders=_loader(kind, rank))
     except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
         error = _describe(raised)
-    outcome = _outcome(module, trainer, error)
+    outcome = rank_outcome(module, trainer, error)
     if pipelined:
         outcome.update(stage_weights=module.weights(), stage_initial=module.initial_weights)
     return outcome
 
 
-def _outcome(module, trainer, error: dict | None) -> dict[str, Any]:
+def rank_outcome(module, trainer, error: dict | None) -> dict[str, Any]:
     """What a rank observed: the batches its steps received, its counters and weights, and the error it raised."""
     return dict(
         error=error,
@@ -210,7 +208,7 @@ def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
                 time.sleep(1.0)
             for (g, rank) in alive:
                 stack = (Path(outdir) / f"stack-{ports[g]}-{rank}.txt").read_text()
-                hung[g, rank] = _trim_stack(stack) or "(no stack dumped)"
+                hung[g, rank] = trim_stack(stack) or "(no stack dumped)"
         finally:
             for proc in procs.values():
                 if proc.pid is not None and proc.is_alive():
@@ -232,7 +230,7 @@ def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
         return results
 
 
-def _trim_stack(dump: str) -> str:
+def trim_stack(dump: str) -> str:
     """faulthandler's dump, each thread cut below ``_rank_main`` (a forked rank still has the test's frames)."""
     kept, frames, below_rank_main = [], 0, False
     for line in dump.splitlines():
@@ -244,74 +242,6 @@ def _trim_stack(dump: str) -> str:
             frames += 1
             below_rank_main = "in _rank_main" in line
     return "\n".join(kept)
-
-
-# --------------------------------------------------------------------------------------------------- ddp_spawn
-# Under `strategy="ddp_spawn"` Lightning starts the ranks itself: it pickles the Trainer, the module and the loaders
-# into WORLD new processes (C1: a design's Trainer must pickle like stock's). Each rank reports through a callback;
-# the test process keeps the launch deadline with a timer.
-# A spawned rank imports torch and Lightning itself (5-10 s on 2 busy cores), hence a longer deadline than above.
-SPAWN_DEADLINE_S = LAUNCH_DEADLINE_S + 30
-SPAWN_TEST_TIMEOUT_S = SPAWN_DEADLINE_S + 30
-
-
-class ReportsRankOutcome(Callback):
-    """Writes its rank's outcome as JSON into ``outdir`` when the fit ends; arms faulthandler for a stack dump."""
-
-    def __init__(self, outdir: str) -> None:
-        self.outdir = outdir
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        stack_file = open(Path(self.outdir) / f"stack-{trainer.global_rank}.txt", "w")  # noqa: SIM115 - kept open
-        faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-
-    def on_fit_end(self, trainer, pl_module) -> None:
-        path = Path(self.outdir) / f"rank{trainer.global_rank}.json"
-        path.with_suffix(".tmp").write_text(json.dumps(_outcome(pl_module, trainer, None)))
-        path.with_suffix(".tmp").rename(path)
-
-
-def spawn_fit(design, module, loader: DataLoader) -> dict[str, Any]:
-    """``fit`` under ``strategy="ddp_spawn"`` (gloo, ``WORLD`` CPU processes); the result has ``launch``'s shape.
-
-    A rank that raises reports nothing: its exception ends ``fit`` in the test process as Lightning's launcher
-    re-raises it, and its text is the result's ``error``. Never blocks past ``SPAWN_DEADLINE_S``: the ranks still
-    running then have their stacks dumped and are killed, which ends ``fit`` too.
-    """
-    with tempfile.TemporaryDirectory(prefix="c01-spawn-") as outdir:
-        # what strategy="ddp_spawn" names, with the process group's timeout of the launches above
-        strategy = DDPStrategy(
-            start_method="spawn", process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S)
-        )
-        trainer = design.trainer(**{**QUIET, "devices": WORLD, "strategy": strategy,
-                                    "callbacks": [ReportsRankOutcome(outdir)]})
-        running_before, hung = set(multiprocessing.active_children()), {}
-
-        def past_the_deadline() -> None:
-            ranks = [proc for proc in multiprocessing.active_children() if proc not in running_before]
-            for proc in ranks:
-                os.kill(proc.pid, signal.SIGUSR1)  # faulthandler dumps every thread's stack
-            time.sleep(1.0)
-            for rank in range(WORLD):
-                stack = Path(outdir) / f"stack-{rank}.txt"
-                if not (Path(outdir) / f"rank{rank}.json").exists():
-                    hung[rank] = (_trim_stack(stack.read_text()) if stack.exists() else "") or "(no stack dumped)"
-            for proc in ranks:
-                proc.kill()
-
-        deadline = threading.Timer(SPAWN_DEADLINE_S, past_the_deadline)
-        deadline.start()
-        error = None
-        try:
-            trainer.fit(module, train_dataloaders=loader)
-        except Exception as raised:  # noqa: BLE001 - reported with the ranks' outcomes
-            error = f"{type(raised).__name__}: {raised}"[-3000:]
-        finally:
-            deadline.cancel()
-            deadline.join()
-        ranks = [json.loads(path.read_text()) if (path := Path(outdir) / f"rank{rank}.json").exists() else None
-                 for rank in range(WORLD)]
-        return dict(ranks=ranks, hung=hung, exitcodes=[None] * WORLD, error=error, deadline_s=SPAWN_DEADLINE_S)
 
 
 SHARED_KINDS = ["injected", "explicit"]
@@ -387,7 +317,7 @@ def reference_ddp_weights(outcomes: list[dict], pattern: tuple[int, ...]) -> dic
     for step in zip(*per_rank, strict=True):
         losses = []
         for batches in step:
-            tensors = [_collate([item(i) for i in batch]) for batch in batches]
+            tensors = [collate_items([item(i) for i in batch]) for batch in batches]
             losses.append(torch.stack([torch.nn.functional.mse_loss(layer(x), y) for _, x, y in tensors]).mean())
         optimizer.zero_grad()
         torch.stack(losses).mean().backward()

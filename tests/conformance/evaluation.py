@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -132,7 +133,10 @@ def run_stage(design, stage: str, module: EvalIterModule, loaders, **trainer_kwa
     if stage in ("validate", "test", "predict"):
         trainer = make_trainer(design, **trainer_kwargs)
         if stage == "predict":
-            trainer.predict(module, loaders)
+            with warnings.catch_warnings():
+                # on purpose: the evaluation step records what it received and returns nothing to predict
+                warnings.filterwarnings("ignore", "predict returned None")
+                trainer.predict(module, loaders)
         else:
             getattr(trainer, stage)(module, loaders, verbose=False)
         return module.runs

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, RecordingModule, _collate, ids, item
+from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, RecordingModule, collate_items, ids, item
 
 MICRO_BATCHES = 2  # per step call: one global batch
 PIPELINE_ITEMS = 16  # 8 micro-batches of 2: 4 step calls per epoch
@@ -114,7 +114,7 @@ def reference_pipeline_weights(initial: dict[str, Any], batches: list[tuple[int,
     for start in range(0, len(batches), MICRO_BATCHES):
         optimizer.zero_grad()
         for batch in batches[start : start + MICRO_BATCHES]:
-            _, x, y = _collate([item(i) for i in batch])
+            _, x, y = collate_items([item(i) for i in batch])
             (torch.nn.functional.mse_loss(last(first(x)), y) / MICRO_BATCHES).backward()
         optimizer.step()
     return model.state_dict()

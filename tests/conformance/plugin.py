@@ -8,17 +8,18 @@
   entry-point group. Installed designs run only when ``--impl`` names them: the default run is this repository's
   designs, whatever else is installed. A name taken by a registered design is an error.
 - Every conformance test carries ``@pytest.mark.clause("Cn")``; results aggregate per clause.
-- ``expected_failures/<design>.txt`` lists, per design, each reason followed by the test ids
-  (``<file>::<test>[<params>]``) it explains; ``--expected-failures DIR`` is searched first (where a design
-  outside this repository keeps its file). Entries become strict xfails; an id that matches no collected test
-  is an error, and so is a listed test that passes.
+- ``expected_failures/<design>.txt`` names, per design, each gap once and under it the test ids
+  (``<file>::<test>[<params>]``) it fails (format: ``expected_failure_files.py``); ``--expected-failures DIR`` is
+  searched first (where a design outside this repository keeps its file). Entries become strict xfails; an id that
+  matches no collected test is an error, and so is a listed test that passes.
 - At the end, a clause x design matrix of passed / expected-fail / failed tests, at most 100 columns wide
-  (``terminal.py``); none when no conformance test ran. ``--results PATH`` writes the outcomes as JSON.
+  (``harness_common.terminal``); none when no conformance test ran. ``--results PATH`` writes the outcomes as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 from collections import defaultdict
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from hypothesis import HealthCheck, settings
 import harness_common
 from harness_common.terminal import write_matrix
 from prototypes.common import Design
+from tests.conformance.expected_failure_files import expected_failures_path, load_expected_failures
 
 # Bounded and reproducible by default (CI); `--hypothesis-profile thorough` for a long search.
 # The `design` fixture is an immutable registry entry, so sharing it across examples is safe.
@@ -99,6 +101,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(state, "conformance-outcomes")
 
 
+# The libraries whose versions decide what the suite observes, as the run's header names them.
+HEADER_VERSIONS = ("torch", "pytorch-lightning", "torchdata", "torchrec")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """What this run checks, and against what: the designs and variants selected, the versions, the commit."""
+    revision = harness_common.code_revision()
+    versions = ", ".join(f"{dist} {harness_common.version(dist)}" for dist in HEADER_VERSIONS)
+    dirty = " (dirty: uncommitted changes outside the results)" if revision["git_dirty"] else ""
+    return [
+        f"conformance designs: {', '.join(design.id for design in config.stash[_STATE].designs)}",
+        f"python {platform.python_version()}, {versions}",
+        f"commit {revision['git_commit']}{dirty}",
+    ]
+
+
 def selected_designs(config: pytest.Config) -> list[Design]:
     """The designs (and variants) this run checks, in ``--impl`` order: for tests that compare designs."""
     return list(config.stash[_STATE].designs)
@@ -120,63 +138,13 @@ def contract_id(item: pytest.Item) -> str:
     return f"{item.path.name}::{item.originalname}{params}"
 
 
-def expected_failures_path(design_name: str, extra_dir: str | None = None) -> Path:
-    """``<design>.txt`` in ``--expected-failures DIR`` if it is there, else in the suite's own directory."""
-    if extra_dir and (Path(extra_dir) / f"{design_name}.txt").exists():
-        return Path(extra_dir) / f"{design_name}.txt"
-    return EXPECTED_FAILURES_DIR / f"{design_name}.txt"
-
-
-def load_expected_failures(path: Path) -> dict[str, tuple[str, int]]:
-    """``{contract id: (reason, line number)}`` from a design's file (none if it has no file), grouped by reason::
-
-        reason: <why the design fails these tests>
-            <file>::<test>[<params without the design>]
-            <file>::<test>[<params without the design>]
-
-    A reason covers the indented ids under it. An id before any reason, a reason without ids, or an id listed
-    twice is an error; ``#`` starts a comment line.
-    """
-    if not path.exists():
-        return {}
-    entries: dict[str, tuple[str, int]] = {}
-    reason, reason_line, covered = None, 0, 0
-
-    def close_group() -> None:
-        if reason is not None and not covered:
-            raise pytest.UsageError(
-                f"{path}:{reason_line}: reason {reason!r} covers no test id (indent the ids under it)"
-            )
-
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line.startswith("reason:"):
-            close_group()
-            reason, reason_line, covered = line.removeprefix("reason:").strip(), number, 0
-            if not reason:
-                raise pytest.UsageError(f"{path}:{number}: empty reason")
-            continue
-        test_id = line.strip()
-        if reason is None or not line[0].isspace():
-            raise pytest.UsageError(
-                f"{path}:{number}: expected failure {test_id!r} gives no reason (indent it under a 'reason: ...' line)"
-            )
-        if test_id in entries:
-            raise pytest.UsageError(f"{path}:{number}: {test_id!r} is already listed on line {entries[test_id][1]}")
-        entries[test_id] = (reason, number)
-        covered += 1
-    close_group()
-    return entries
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # tryfirst: see every collected test before -k / -m deselect some, so "matches no test" is judged fairly.
     state = config.stash[_STATE]
     collected_files: set[str] = set()
     matched: dict[str, set[str]] = defaultdict(set)
-    paths = {d.name: expected_failures_path(d.name, state.extra_dir) for d in state.designs}
+    paths = {d.name: expected_failures_path(EXPECTED_FAILURES_DIR, d.name, state.extra_dir) for d in state.designs}
     expected = {name: load_expected_failures(path) for name, path in paths.items()}
     for item in items:
         if not _is_conformance(item.path) or not hasattr(item, "callspec") or "design" not in item.callspec.params:
@@ -193,15 +161,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         entry = expected[design.name].get(cid)
         if entry is not None:
             matched[design.name].add(cid)
-            item.add_marker(pytest.mark.xfail(reason=entry[0], strict=True))
+            item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=True))
         state.tests[item.nodeid] = dict(
             design=design.name, variant=design.id, test_id=cid, clause=clause.args[0],
-            reason=entry[0] if entry else "",
+            reason=entry.reason if entry else "", gap=entry.gap if entry else "",
         )
     for name, entries in expected.items():
         stale = [
-            f"  {paths[name]}:{line}: {cid}"
-            for cid, (_, line) in entries.items()
+            f"  {paths[name]}:{entry.line}: {cid}"
+            for cid, entry in entries.items()
             if cid.split("::")[0] in collected_files and cid not in matched[name]
         ]
         if stale:

@@ -25,14 +25,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from prototypes import IMPLEMENTATIONS
 from tests.conformance.ddp import (
     SHARED_ITEMS,
-    SPAWN_TEST_TIMEOUT_S,
     received_batches,
     reference_ddp_weights,
     require_all_reported,
     sampler_shard_batches,
-    spawn_fit,
     summary,
 )
+from tests.conformance.ddp_spawn import SPAWN_TEST_TIMEOUT_S, spawn_fit
 from tests.conformance.harness import (
     BATCH_SIZE,
     Crash,
@@ -47,7 +46,10 @@ from tests.conformance.harness import (
     stock_trainer,
 )
 
-pytestmark = pytest.mark.clause("C1")
+pytestmark = [
+    pytest.mark.clause("C1"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated"),  # torchdata's StatefulDataLoader, on its own API
+]
 
 # the flavour module takes two batches per step call, so a design's own bookkeeping (step calls, batches per call)
 # is exercised; where stock Lightning's flavour must give the same answer (resume), it takes one
@@ -274,6 +276,9 @@ RESUMING = {"regular": CrashingRegularModule, "dataloader_iter": lambda crash_at
 
 @pytest.mark.parametrize("direction", ["stock-to-design", "design-to-stock"])
 @pytest.mark.parametrize("flavour", list(RESUMING))
+# On purpose: the resumed run checkpoints into the directory it resumes from, with the callbacks of the other side.
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`, callbacks used to create the checkpoint")
 def test_resume_across_designs_delivers_the_rest_exactly_once(design, tmp_path, flavour, direction):
     # 6 batches, one per step call, a checkpoint every 2 optimizer steps, a crash at step call 3: the resumed run owes
     # batches 2-5 (C11). One batch per call, so that stock Lightning's flavour counts the same as a design's.

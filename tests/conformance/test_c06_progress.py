@@ -1,6 +1,7 @@
 """C6 Progress counts batches: batch progress, ``is_last_batch`` and the bar count batches; global_step steps."""
 
 import pytest
+from pytorch_lightning.callbacks import TQDMProgressBar
 
 from tests.conformance.harness import KINDS, IterStepModule, loader_sequence, make_loader, make_trainer
 
@@ -28,7 +29,9 @@ def test_is_last_batch_at_epoch_end(design, kind, pattern):
 @pytest.mark.parametrize("pattern", [(2,), (1, 2)], ids=str)
 def test_progress_bar_counts_batches(design, pattern):
     module = IterStepModule(pattern)
-    make_trainer(design, enable_progress_bar=True).fit(module, make_loader("sized", n_items=16))
+    # TQDM's bar named, as Lightning's default is Rich's wherever rich is installed (import-linter brings it)
+    trainer = make_trainer(design, enable_progress_bar=True, callbacks=[TQDMProgressBar()])
+    trainer.fit(module, make_loader("sized", n_items=16))
     assert module.record.epoch_ends[0]["bar_n"] == 8
 
 

@@ -151,6 +151,7 @@ class RegularTunedModule(_TunedBatchSize, RegularStepModule):
 
 
 @pytest.mark.parametrize("method", ["fit", "validate", "test", "predict"])
+@pytest.mark.filterwarnings("ignore:predict returned None")  # on purpose: the tuned modules' steps return nothing
 def test_scale_batch_size_finds_the_regular_flavours_size(design, method, tmp_path):
     found = {}
     for name, module, trainer in (
@@ -345,6 +346,8 @@ class RegularPredictions(RegularStepModule):
 @pytest.mark.parametrize("kind", ["sized", "unsized"])
 @pytest.mark.parametrize("write_interval", ["batch", "batch_and_epoch"])
 @pytest.mark.parametrize("per_step", [1, 2])
+# On purpose: an unsized loader has no sample indices to give, in either flavour (the test compares them).
+@pytest.mark.filterwarnings("ignore:Couldn't infer the batch indices fetched from your dataloader")
 def test_prediction_writer_gets_each_step_calls_predictions_and_indices(design, per_step, write_interval, kind):
     # A step call is the unit a batch is in the regular flavour: its prediction and the indices of every sample it
     # consumed (an unsized loader has none to give, in either flavour), and on epoch end all of them, as the regular
