@@ -1,4 +1,4 @@
-"""S6 the work workers cannot take: loading in DataLoader workers plus main-process work M per batch in the
+"""S6 work in the transfer hooks: loading in DataLoader workers plus main-process work M per batch in the
 batch-transfer hooks (the CPU stand-in for host-to-device copies and device-side augmentation), step compute C.
 
 Loading (L = ``Sizes.s6_base_ms`` of sleep per item) runs in ``workloads.ALTERNATIVE_WORKERS`` DataLoader workers

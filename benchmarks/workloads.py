@@ -159,7 +159,7 @@ class BenchModule(pl.LightningModule):
 
     ``hook_iterations`` matmuls per batch run in the batch-transfer hooks (half in ``on_before_batch_transfer``,
     half in ``on_after_batch_transfer``): S6's main-process work M, the CPU stand-in for host-to-device copies and
-    device-side augmentation, which DataLoader workers cannot take.
+    device-side augmentation (S6's alternatives move it into the workers or into ``ParallelMapper`` threads).
     """
 
     def __init__(

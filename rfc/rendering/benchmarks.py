@@ -121,7 +121,7 @@ LAYOUTS: dict[str, dict[str, Any]] = {
                        details=[]),
 }
 BASELINE_COLUMNS = ["design", "point", "flavour", "depth", "time_per_batch_ms", "rounds", "same_entry_ratio", "pairs"]
-UNSHOWN = {"role", "default", "L_over_C", "M_over_C"}  # the design cell and the point show these
+UNSHOWN = {"role", "default", "configuration", "L_over_C", "M_over_C"}  # the design cell and the point show these
 # a figure's interval is shown with the figure: "<figure>_interval" is never a column of its own
 ROLE_NOTE = {"baseline": "baseline", "alternative": "alternative"}
 
@@ -155,6 +155,9 @@ def _design_cell(row: dict[str, Any]) -> str:
     role = ROLE_NOTE.get(str(row.get("role")))
     if role:
         return f"{text} *({role})*"
+    if row.get("configuration"):  # "ships" or "opt-in thread" (benchmarks.entries)
+        return f"{text} *({row['configuration']})*"
+    # results written before rows named their configuration
     return text + (" *(default)*" if row.get("default") is True and row.get("depth") is not None else "")
 
 
