@@ -6,7 +6,7 @@ fail. ``defect.applied()`` registers the broken design as ``defect_<name>`` and 
 duration of a run; nothing is edited on disk. Adding a defect::
 
     Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
-           (lightning_changes, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
+           (log_batch_size, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED)
 
 ``broken`` receives the original attribute and returns its replacement. ``select`` is a ``-k`` expression that
@@ -35,6 +35,7 @@ from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
 from prototypes.common import Design
+from prototypes.lightning_changes import log_batch_size
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
 from prototypes.prefetcher import options as prefetch_options
@@ -461,11 +462,11 @@ CATALOGUE: tuple[Defect, ...] = (
            (C09 + "test_accumulation_counts_step_calls",)),
     # C10 Logging
     Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
-           (lightning_changes, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
+           (log_batch_size, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED),
     Defect("batch_size_of_first_batch", "C10", "batch_processor",
            "infers `self.log`'s batch size from the step's first batch only",
-           (lightning_changes, "samples_in"),
+           (log_batch_size, "samples_in"),
            _instead(lambda batches: extract_batch_size(batches[0]) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED),
     # C11 Exactly-once resume
