@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from benchmarks import measuring, results, workloads  # noqa: E402
 from prototypes import IMPLEMENTATIONS  # noqa: E402
-from prototypes.prefetcher.queue import AUTO_PROBE_BATCHES  # noqa: E402
+from prototypes.prefetcher.prefetch_thread import AUTO_PROBE_BATCHES  # noqa: E402
 from tests.conformance.harness import QUIET  # noqa: E402
 
 FEATURES = 8

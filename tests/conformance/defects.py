@@ -39,7 +39,7 @@ from prototypes.lightning_changes import log_batch_size
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
 from prototypes.prefetcher import options as prefetch_options
-from prototypes.prefetcher import queue as prefetch_queue
+from prototypes.prefetcher import prefetch_thread
 
 _Fetcher = prefetch_fetcher._PrefetchingIterFetcher
 _EpochLoop = bp_training.IteratorTrainingEpochLoop
@@ -259,12 +259,12 @@ def _shutdown_without_join(self: Any) -> None:
 
 def _run_catching_exception_only(self: Any) -> None:
     while not self._stop.is_set():
-        if not self._slots.acquire(timeout=prefetch_queue._POLL_S):
+        if not self._slots.acquire(timeout=prefetch_thread._POLL_S):
             continue
         try:
             self._results.put(self._produce())
         except Exception as error:  # a KeyboardInterrupt ends the thread and never reaches the consumer
-            self._results.put(prefetch_queue._Failure(error))
+            self._results.put(prefetch_thread._Failure(error))
             return
 
 
@@ -383,7 +383,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
-           (prefetch_queue.Prefetcher, "get"), _redelivers_every_fifth,
+           (prefetch_thread.PrefetchThread, "get"), _redelivers_every_fifth,
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # C4 Device and transfer hooks
     Defect("after_transfer_hook_skipped", "C4", "prefetcher", "never calls `on_after_batch_transfer`",
@@ -483,15 +483,15 @@ CATALOGUE: tuple[Defect, ...] = (
            (_Fetcher, "_produce"), _produce_ending_on_error,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("loading_error_retyped", "C12", "prefetcher", "re-raises a loading error as a RuntimeError",
-           (prefetch_queue.Prefetcher, "get"), _get_retyping_errors,
+           (prefetch_thread.PrefetchThread, "get"), _get_retyping_errors,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("thread_not_joined", "C12", "prefetcher", "stops its prefetch thread without joining it",
-           (prefetch_queue.Prefetcher, "shutdown"), _instead(_shutdown_without_join),
+           (prefetch_thread.PrefetchThread, "shutdown"), _instead(_shutdown_without_join),
            (C12 + "test_error_in_the_step_while_loading_leaves_no_thread_running",), options=WITH_THREAD),
     # C13 Interrupts and early stops
     Defect("interrupt_kills_the_thread", "C13", "prefetcher",
            "lets a KeyboardInterrupt end its thread instead of reaching the step",
-           (prefetch_queue.Prefetcher, "_run"), _instead(_run_catching_exception_only),
+           (prefetch_thread.PrefetchThread, "_run"), _instead(_run_catching_exception_only),
            (C13 + "test_keyboard_interrupt_while_loading_takes_the_interrupt_path",), options=WITH_THREAD),
     # the leaked thread polls until the process ends; w0: no worker processes are kept alive with it
     Defect("early_stop_leaves_the_thread", "C13", "prefetcher",
