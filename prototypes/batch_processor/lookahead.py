@@ -108,5 +108,11 @@ def fetch_within_limits(data_fetcher: _DataFetcher) -> StepItem:
     # the combined loader does not stop at a `limit_*_batches`; the fetcher's `done` counts against it
     if data_fetcher.done:
         raise StopIteration
+    length = data_fetcher.length
+    if length is not None and data_fetcher.fetched >= length:
+        # Why: a run resumed from a checkpoint written after the epoch's last batch (an on-exception checkpoint in a
+        # drain call) restores `fetched` to the whole epoch while `done` stays as `reset()` left it; reading on would
+        # start the loader's next epoch and train its first batch in this one
+        raise StopIteration
     # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
     return _DataFetcher.__next__(data_fetcher)
