@@ -17,7 +17,7 @@ class LookAhead:
     never called again after that. ``transfer(batch, dataloader_idx)`` moves a batch to the device; it runs once
     per batch, when the batch is first needed (handed out or shown to a batch-start hook), not when it is
     fetched, so a step that pipelines its own work decides when the copy happens. ``snapshot``, if given,
-    returns the loaders' state; ``consumed_state`` is then their state as of the batches taken so far (the
+    returns the loaders' state; ``consumed_loader_states`` is then their state as of the batches taken so far (the
     batch held back excluded), which is what a checkpoint must record.
     """
 
@@ -34,18 +34,18 @@ class LookAhead:
         self._head_transferred = False
         self._fetch_error: Exception | None = None
         self.exhausted = False
-        self.consumed_state: Any = None
+        self.consumed_loader_states: Any = None
         self._fetch_head()
 
     def _fetch_head(self) -> None:
         # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
-        self.consumed_state = self._snapshot()
+        self.consumed_loader_states = self._snapshot()
         try:
             self._head = self._fetch()
         except StopIteration:
             self._head, self.exhausted = None, True
             # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
-            self.consumed_state = self._snapshot()
+            self.consumed_loader_states = self._snapshot()
         except Exception as error:
             # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
             # raise it when that batch is asked for, with its original type and traceback

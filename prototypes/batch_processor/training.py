@@ -265,13 +265,13 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self._step_calls = state_dict.get("step_calls", 0)
         self._last_step_consumed = state_dict.get("last_step_consumed", 0)
 
-    def loader_states_consumed(self) -> list[dict] | None:
+    def consumed_loader_states(self) -> list[dict] | None:
         """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
-        return self._batches.consumed_state if self._pulling and self._batches is not None else None
+        return self._batches.consumed_loader_states if self._pulling and self._batches is not None else None
 
 
 class IteratorFitLoop(BatchCountingFitLoop):
     """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
 
     def consumed_loader_states(self) -> list[dict] | None:
-        return self.epoch_loop.loader_states_consumed()
+        return self.epoch_loop.consumed_loader_states()
