@@ -8,6 +8,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.utilities.combined_loader import CombinedLoader
 
 from prototypes.common import end_of_data_vote_needed, every_rank_has_a_batch
 from prototypes.lightning_changes.draining import drain, epoch_stopped_early
@@ -39,6 +40,11 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
     (``_step_calls_this_epoch``) and how many batches the last one consumed (``_consumed_by_last_call``); with the
     regular flavour every override defers to Lightning.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._vote_decided_for: CombinedLoader | None = None  # the combined loader `_ranks_vote` was decided for
+        self._ranks_vote = False
 
     def _steps_pull_batches(self) -> bool:
         raise NotImplementedError
@@ -99,12 +105,11 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
         combined loader: ``end_of_data_vote_needed``)."""
         combined = self.trainer.fit_loop._combined_loader
-        decided_for, vote = getattr(self, "_vote_decision", (None, False))
-        if decided_for is not combined or combined is None:
+        if self._vote_decided_for is not combined or combined is None:
             flattened = combined.flattened if combined is not None else []
-            vote = end_of_data_vote_needed(self.trainer, flattened)
-            self._vote_decision = combined, vote  # one attribute: past 29 CPython gives the loop a slower, real dict
-        return vote
+            self._ranks_vote = end_of_data_vote_needed(self.trainer, flattened)
+            self._vote_decided_for = combined
+        return self._ranks_vote
 
     def _drain_held_batches(self) -> None:
         with self._draining():

@@ -25,18 +25,22 @@ class CountsConsumed:
     total: Any
     current: Any
 
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        self._counting_consumed = False  # not a dataclass field: no checkpoint holds it
+
     @property
     def counts_consumed(self) -> bool:
-        return self.increment_ready is _counted_per_batch  # type: ignore[attr-defined]
+        return self._counting_consumed
 
     @counts_consumed.setter
     def counts_consumed(self, on: bool) -> None:
-        # Why setattr/delattr, never vars(self): reading an instance's __dict__ makes CPython keep a real dict for it,
-        # and every attribute and method lookup on the object (Lightning's, dozens per batch) gets slower
+        if on == self._counting_consumed:
+            return
+        self._counting_consumed = on
         if not on:
-            if self.counts_consumed:
-                for name in _SHADOWED_INCREMENTS:
-                    delattr(self, name)
+            for name in _SHADOWED_INCREMENTS:
+                delattr(self, name)
             return
         self.increment_ready = self.increment_started = _counted_per_batch
         self.increment_processed = self._processed_up_to_started

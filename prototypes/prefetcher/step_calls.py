@@ -1,47 +1,25 @@
-"""The record of one loop over the data's step calls, on the loop's thread: the peeked next batch (the head), the
-ranks' end-of-data vote, the running step call and the batches taken between calls. No loop and no thread in here."""
+"""The prefetcher's record of one loop over the data's step calls, on the loop's thread: the shared record
+(``common.StepCalls``: the running call, drain calls) with the peeked next batch (the head), the ranks' end-of-data
+vote and the batches taken between calls. No loop and no thread in here."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import NoProgressGuard, every_rank_has_a_batch
+from prototypes.common import StepCall, StepCalls, every_rank_has_a_batch
 from prototypes.prefetcher.producer import Produced
 
 
-@dataclass
-class StepCall:
-    """One step call as the fetcher saw it. The fetcher writes it; the loops only read it.
-
-    ``index`` counts the epoch's step calls up to this one, drain calls included (gradient accumulation counts step
-    calls). ``batches`` and ``batch_indices`` are what the call consumed, in order; ``cut_short``: the call ended in
-    the StopIteration of its dataloader's end; ``drain``: a drain call (C17), which finds no batch left; ``open``: the
-    call is running (a batch taken while none is open counts toward the next call).
-    """
-
-    index: int = 0
-    drain: bool = False
-    batches: list[Any] = field(default_factory=list)
-    batch_indices: list[int] = field(default_factory=list)
-    cut_short: bool = False
-    open: bool = False
-
-    @property
-    def consumed(self) -> int:
-        return len(self.batch_indices)
-
-
-class EpochStepCalls:
+class EpochStepCalls(StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
 
     ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
-    handed out. ``consumed_loader_states`` is the loaders' state as of the batches handed out: what a checkpoint
+    handed out. A batch handed out while no call is open (a pipeline's thread pulling ahead) counts toward the next
+    call. ``consumed_loader_states`` is the loaders' state as of the batches handed out: what a checkpoint
     records. ``lock``: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the step's
     iterator while the loop's thread peeks for the end of data between calls; both move the head.
     """
@@ -50,9 +28,8 @@ class EpochStepCalls:
         self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
     ) -> None:
+        super().__init__(hook_name)
         self.trainer, self.take = trainer, take
-        self.call = StepCall()  # the running step call, or the last one
-        self.no_progress = NoProgressGuard(hook_name)
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
@@ -124,27 +101,16 @@ class EpochStepCalls:
         if loader_states is not None:
             self.consumed_loader_states = loader_states
 
-    def start_call(self, drain: bool = False) -> None:
+    def start_call(self, drain: bool = False) -> StepCall:
         """A new step call (under ``lock``); batches a pipeline's thread took since the previous call count toward
         it."""
-        call = self.call = StepCall(self.call.index + 1, drain, open=True)
+        call = super().start_call(drain)
         if self.taken_between_calls:
             for batch, batch_idx in self.taken_between_calls:
                 call.batches.append(batch)
                 call.batch_indices.append(batch_idx)
             self.taken_between_calls = []
-
-    @contextlib.contextmanager
-    def drain_calls(self) -> Iterator[None]:
-        """While the loop makes drain calls (C17). Afterwards ``call`` is again the call that took the epoch's last
-        batch: the validation interval and a checkpoint look at its batches, not a drain call's."""
-        last = self.call
-        try:
-            yield
-        finally:
-            index = self.call.index
-            self.call = last
-            self.call.index = index  # the drain calls were step calls too
+        return call
 
     def end(self) -> None:
         """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""

@@ -83,7 +83,7 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("regular_accumulation_by_step_calls", "C1", "batch_processor",
            "counts accumulation in the flavour's step calls for the regular flavour too",
            (_EpochLoop, "_accumulated_batches_reached"),
-           _instead(lambda self: self._step_calls % self.trainer.accumulate_grad_batches == 0),
+           _instead(lambda self: self._calls.call.index % self.trainer.accumulate_grad_batches == 0),
            (C01 + "test_regular_flavour_with_trainer_options_as_stock",), "accumulate3"),
     Defect("options_pickled_with_their_locks", "C1", "prefetcher",
            "pickles its loops' options as they are, thread locks included, instead of rebuilding them on unpickling",

@@ -56,10 +56,11 @@ def _redelivers_every_fifth(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _keeps_the_steps_first_batch_for_the_end_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def hand_out(self: Any, item: Any) -> Any:
-        first = self._last_handed_out if self._step_batches else None
+        calls = self._calls
+        first = calls.last_handed_out if calls.call.batches else None
         result = original(self, item)
         if first is not None:
-            self._last_handed_out = first
+            calls.last_handed_out = first
         return result
 
     return hand_out
@@ -67,7 +68,7 @@ def _keeps_the_steps_first_batch_for_the_end_hook(original: Callable[..., Any]) 
 
 def _calls_the_start_hook_per_batch(original: Callable[..., Any]) -> Callable[..., Any]:
     def hand_out(self: Any, item: Any) -> Any:
-        if self._step_batches:  # not the step's first batch
+        if self._calls.call.batches:  # not the step's first batch
             call._call_lightning_module_hook(
                 self.trainer, "on_train_batch_start", item[0], self.batch_progress.current.ready
             )
@@ -93,16 +94,17 @@ def _counts_the_batch_held_back_on_minus_one(original: Callable[..., Any]) -> Ca
 
 def _forget_a_cut_short_calls_batches(self: Any, output: Any) -> Any:
     if output is None:  # the call was cut short by StopIteration: take back the batches it counted
+        cut_short = self._calls.call
         for counts in (self.batch_progress.total, self.batch_progress.current):
-            counts.ready -= self._last_step_consumed
-            counts.started -= self._last_step_consumed
-        self._last_step_consumed = 0
+            counts.ready -= cut_short.consumed
+            counts.started -= cut_short.consumed
+        cut_short.batches, cut_short.batch_indices = [], []
     return output
 
 
 def _step_after_a_cut_short_call(self: Any, output: Any) -> Any:
     if output is None and self.trainer.lightning_module.automatic_optimization:
-        self.automatic_optimization._optimizer_step(self._step_calls - 1, lambda: None)
+        self.automatic_optimization._optimizer_step(self._calls.call.index - 1, lambda: None)
     return output
 
 
@@ -121,7 +123,7 @@ def _complete_one_batch_per_call(self: Any) -> None:
 
 def _saves_step_calls_for_every_module(self: Any) -> dict:
     state_dict = _TrainingEpochLoop.on_save_checkpoint(self)
-    state_dict.update(step_calls=self._step_calls, last_step_consumed=self._last_step_consumed)
+    state_dict.update(step_calls=self._calls.call.index, last_step_consumed=self._calls.call.consumed)
     return state_dict
 
 
