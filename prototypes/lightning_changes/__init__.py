@@ -6,6 +6,13 @@ change to Lightning 2.6, and lives in this package, one module per part of Light
 tagged with its item in the RFC's list "What Lightning has to change" (``rfc/index.md``): ``[RFC n]``. Everything
 in this package is an override of, or a call into, Lightning's private loop API; ``prototypes.common`` holds what
 needs only the public API.
+
+The per-batch rules (the layout rule; ``docs/adding-a-design.md`` says why). What runs per batch does no type
+checks: it decides once and keeps the answer in an attribute. The regular flavour pays nothing: no override on its
+path only defers to Lightning; the flavour's changes are shadowed on the instance while it runs, or decided once.
+Loops, progress objects, fetchers and the strategy keep CPython's inline attribute layout: nothing reads their
+``__dict__``, and none holds more than 29 attributes (a class that needs more is cut into a second object, not
+packed). ``tests/designs/test_attribute_layout.py`` guards the layout for every design.
 """
 
 from prototypes.lightning_changes.draining import drain, epoch_stopped_early, evaluation_drain_call

@@ -22,8 +22,8 @@ class StockProfilerActions:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Why computed once: read twice per batch, and a loop's class and stage never change. Why not a
-        # functools.cached_property: it writes the instance's __dict__, which makes every lookup on the loop slower
+        # Why computed here: read twice per batch, and a loop's class and stage never change (the per-batch rules,
+        # in this package's docstring)
         self._stock_fetch_action = stock_fetch_action(self)
 
     def _on_before_fetch(self) -> None:

@@ -18,8 +18,8 @@ class CountsConsumed:
     count. Off, this is Lightning's class with Lightning's own methods.
 
     Why the four are shadowed on the instance, not overridden: a regular module's loop calls them for every batch,
-    and an override that defers to Lightning's would be per-batch work the regular flavour pays for nothing (C1). The
-    shadowing methods are not dataclass fields: a checkpoint holds exactly the fields stock Lightning's class has.
+    and the regular flavour pays nothing (the per-batch rules, ``prototypes.lightning_changes``). Neither they nor
+    the flag are dataclass fields: a checkpoint holds exactly the fields stock Lightning's class has.
     """
 
     total: Any

@@ -132,9 +132,8 @@ class _InstallsPrefetchingFetcher:
     """The installed fetcher if it is the design's (the step takes ``dataloader_iter``), else None.
 
     Why an attribute set with the fetcher: the loops ask on every batch, several times (Lightning calls
-    ``_accumulated_batches_reached`` six times per batch); a type check there would be per-batch work that a regular
-    module, which runs Lightning's own fetcher and path (C1), pays for nothing. The fetcher changes only in the
-    setter below."""
+    ``_accumulated_batches_reached`` six times per batch), and what runs per batch does no type check (the per-batch
+    rules, ``prototypes.lightning_changes``). The fetcher changes only in the setter below."""
 
     @property
     def counted_progress(self) -> CountsConsumed:
@@ -142,8 +141,8 @@ class _InstallsPrefetchingFetcher:
         loop holds as an attribute, and a checkpoint must hold what stock Lightning's loops hold (C1)."""
         return self.batch_progress  # type: ignore[attr-defined]
 
-    # Why its own attribute, not ``self.__dict__["_data_fetcher"]``: touching an instance's __dict__ makes CPython keep
-    # a real dict for it, and Lightning's lookups on the loop (many per batch) get slower
+    # Why its own attribute, not ``self.__dict__["_data_fetcher"]``: a loop keeps its inline attribute layout (the
+    # per-batch rules, ``prototypes.lightning_changes``)
     _installed_fetcher: _DataFetcher | None = None
 
     @property

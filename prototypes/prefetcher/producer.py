@@ -46,7 +46,7 @@ class BatchProducer:
         transfer: BatchTransfer | None, copy_stream: Any,
     ) -> None:
         self.iterator, self.length = iterator, length
-        self._combined_loader = combined_loader
+        self._loader = combined_loader
         self._read_loader_states = loader_state_reader(combined_loader)
         # Why a callable, read at the first batch: the loop restores the count of a resumed run after the iterator
         # started
@@ -90,7 +90,7 @@ class BatchProducer:
 
     def _limited(self) -> bool:
         """Whether a ``limit_*_batches`` cuts any loader short of its length."""
-        loader = self._combined_loader
+        loader = self._loader
         limits = loader.limits or []
         return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits, strict=False))
 
