@@ -4,17 +4,21 @@ No loop or fetcher in here."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from pytorch_lightning.profilers import PassThroughProfiler, Profiler
-
-if TYPE_CHECKING:
-    from prototypes.prefetcher.options import RunResources
 
 # the profiler actions of a batch's transfer, as Lightning names them (`[<kind>]<class>.<hook>`)
 _TRANSFER_ACTIONS = (
     ".on_before_batch_transfer", ".transfer_batch_to_device", ".on_after_batch_transfer", ".batch_to_device"
 )
+
+
+class _Locks(Protocol):
+    """The run's two profiler locks (``options.RunResources`` holds them, so that a copied Trainer gets new ones)."""
+
+    transfer_actions_lock: Any  # a threading.RLock: held from a transfer action's start to its stop
+    profiler_calls_lock: Any  # a threading.Lock: held for each start and stop call
 
 
 class ProfilerGuard:
@@ -30,7 +34,7 @@ class ProfilerGuard:
     module's, or before and after ``fit``) it is left exactly as Lightning made it.
     """
 
-    def __init__(self, resources: RunResources) -> None:
+    def __init__(self, resources: _Locks) -> None:
         self.resources = resources
         self._threads_recording = 0  # prefetch threads now recording on the trainer's profiler
 
@@ -62,7 +66,7 @@ class _SerialisedProfilerCall:
     it) still pickles; the copy's calls take its own run resources' new locks.
     """
 
-    def __init__(self, resources: RunResources, profiler: Profiler, name: str) -> None:
+    def __init__(self, resources: _Locks, profiler: Profiler, name: str) -> None:
         self.resources, self.name = resources, name
         self.replaced = vars(profiler).get(name)  # the instance's own attribute, if it had one, restored afterwards
         self.unwrapped = self.replaced or functools.partial(getattr(type(profiler), name), profiler)
