@@ -80,7 +80,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         return self._calls.call.index
 
     def _consumed_by_last_call(self) -> int:
-        return self._calls.call.consumed
+        return len(self._calls.call.batch_indices)  # Why not `consumed`: a call fewer on every batch
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
@@ -176,7 +176,7 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             raise StopIteration  # how `_TrainingEpochLoop.run` is told to end the epoch; nothing was consumed
 
         batch_output = self._run_step()
-        calls.no_progress.step_returned(calls.call.consumed)
+        calls.no_progress.step_returned(len(calls.call.batch_indices))  # Why not `consumed`: a call fewer per batch
 
         # Why vote (one all-reduce per step call, where the loaders need it): a rank whose shard ran out must not stop
         # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers

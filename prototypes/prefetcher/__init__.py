@@ -54,7 +54,7 @@ def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0, transfer
     options = Options(depth, transfer_ahead)  # refuses a depth it cannot run, before a Trainer is made
     trainer = pl.Trainer(**trainer_kwargs)
     loops = _PrefetchingFitLoop, _PrefetchingEpochLoop, _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
-    return install_loops(trainer, *loops, options=options, resources=RunResources(options))
+    return install_loops(trainer, *loops, resources=RunResources(options))
 
 
 DESIGN = Design(

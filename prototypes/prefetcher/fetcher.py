@@ -12,9 +12,9 @@ The prefetcher's pieces and the thread each runs on:
   ``teardown``), ``adopt()`` for an evaluation loop's started fetcher, the step's iterator, ``consume()`` (a batch
   handed out), ``step_stopped()``, ``end_step_call()``, ``data_ended_after_call()``, ``step_batches()`` for
   ``self.log``, ``consumed_loader_states`` for checkpoints, and ``stop()``. The loops read and drive the running
-  call through ``calls``. It is built from what it needs: the trainer, the design's options and run resources, the
-  step's name, the batch progress it counts consumed batches in, and the evaluation loops' drain calls; it imports
-  no loop.
+  call through ``calls``. It is built from what it needs: the trainer, the run resources (with the design's
+  options), the step's name, the batch progress it counts consumed batches in, and the evaluation loops' drain calls;
+  it imports no loop.
 """
 
 
@@ -31,7 +31,7 @@ from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFe
 
 from prototypes.common import STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepIterator, end_of_data_vote_needed
 from prototypes.lightning_changes import CountsConsumed
-from prototypes.prefetcher.options import Options, RunResources
+from prototypes.prefetcher.options import RunResources
 from prototypes.prefetcher.prefetch_thread import PrefetchThread
 from prototypes.prefetcher.producer import BatchProducer, LoaderExhausted, Produced
 from prototypes.prefetcher.step_calls import EpochStepCalls
@@ -63,11 +63,11 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     """
 
     def __init__(
-        self, trainer: pl.Trainer, options: Options, resources: RunResources, hook_name: str,
+        self, trainer: pl.Trainer, resources: RunResources, hook_name: str,
         progress: CountsConsumed, drain_dataloader: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__()
-        self.trainer, self.options, self.resources = trainer, options, resources
+        self.trainer, self.options, self.resources = trainer, resources.options, resources
         self.hook_name, self.progress, self.drain_dataloader = hook_name, progress, drain_dataloader
         resources.copy_stream_for(trainer)  # made here, on the loop's thread
         self.prefetch_thread: PrefetchThread | None = None  # per loop over the data (``_begin``)

@@ -34,7 +34,7 @@ from prototypes.lightning_changes import (
     supply_log_batch_size,
 )
 from prototypes.prefetcher.fetcher import FetcherStepIterator, _PrefetchingIterFetcher
-from prototypes.prefetcher.options import Options, RunResources
+from prototypes.prefetcher.options import RunResources
 
 
 class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
@@ -124,8 +124,7 @@ class _InstallsPrefetchingFetcher:
     """What every loop of the design changes: the fetcher installed for a step taking ``dataloader_iter``."""
 
     trainer: pl.Trainer
-    options: Options
-    resources: RunResources
+    resources: RunResources  # the run's, with the design's options
     step_name: str
     _drain_dataloader: Callable[[int], None] | None = None  # the drain calls at a dataloader's end, where drained
     prefetching_fetcher: _PrefetchingIterFetcher | None = None
@@ -158,8 +157,7 @@ class _InstallsPrefetchingFetcher:
             refuse_mixed_step_signature(getattr(self.trainer.lightning_module, self.step_name), self.step_name)
             started = fetcher
             fetcher = _PrefetchingIterFetcher(
-                self.trainer, self.options, self.resources, self.step_name, self.counted_progress,
-                self._drain_dataloader,
+                self.trainer, self.resources, self.step_name, self.counted_progress, self._drain_dataloader
             )
             if started.iterator is not None:
                 fetcher.adopt(started)
@@ -177,8 +175,8 @@ class _InstallsPrefetchingFetcher:
 class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     """The evaluation and prediction loops: Lightning's, with the design's fetcher and one call per dataloader."""
 
-    def __init__(self, *args: Any, options: Options, resources: RunResources, **kwargs: Any) -> None:
-        self.options, self.resources = options, resources
+    def __init__(self, *args: Any, resources: RunResources, **kwargs: Any) -> None:
+        self.resources = resources
         super().__init__(*args, **kwargs)
         # the counting twin of the class Lightning's loop chose (prediction keeps a `_Progress`, without is_last_batch)
         counting = ConsumedBatchProgress if isinstance(self.batch_progress, _BatchProgress) else ConsumedProgress
@@ -267,8 +265,8 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
 
     step_name = "training_step"
 
-    def __init__(self, trainer: pl.Trainer, *, options: Options, resources: RunResources, **kwargs: Any) -> None:
-        self.options, self.resources = options, resources
+    def __init__(self, trainer: pl.Trainer, *, resources: RunResources, **kwargs: Any) -> None:
+        self.resources = resources
         super().__init__(trainer, **kwargs)
 
     @property
