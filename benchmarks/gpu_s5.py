@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from benchmarks import calibration, entries, measuring, overlap, results, workloads  # noqa: E402
 from harness_common import QUIET  # noqa: E402
 from prototypes import IMPLEMENTATIONS, Design  # noqa: E402
-from prototypes.prefetcher.queue import AUTO_PROBE_BATCHES  # noqa: E402
+from prototypes.prefetcher.prefetch_thread import AUTO_PROBE_BATCHES  # noqa: E402
 
 FEATURES = 8
 POINTS = {"L=0.5C": 2.0, "L=C": 1.0, "L=2C": 0.5}  # point -> C as a multiple of the measured L

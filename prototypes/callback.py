@@ -198,7 +198,7 @@ class BatchFeed:
         batch_idx, self.consumed = self.consumed, self.consumed + 1
         return self._transfer(batch, dataloader_idx), batch_idx, dataloader_idx
 
-    def drop_remaining(self) -> int:
+    def drop_rest(self) -> int:
         """Read and drop what remains of Lightning's iterator, so Lightning ends the epoch after this step call
         (its iterator's ``done`` is the only public lever for that); returns the number of batches dropped."""
         dropped = int(self.lookahead is not None)
@@ -328,7 +328,7 @@ class DataloaderIterCallback(Callback):
                 return has_batch  # evaluation steps run no collective of their own; uneven shards are left as is
             if every_rank_has_a_batch(trainer, has_batch):
                 return True
-            if has_batch and (dropped := feed.drop_remaining()):
+            if has_batch and (dropped := feed.drop_rest()):
                 warnings.warn(
                     f"rank {trainer.global_rank}: another rank ran out of training data, so this rank ends the epoch "
                     f"after the same step call and drops the {dropped} batch(es) it had left (DDP needs every rank in "

@@ -1,5 +1,6 @@
 """What every design shares, through Lightning's public API only: the registry entry type, the test for the flavour,
-the iterator a step call receives, the batch-transfer path, the DDP vote and the misuse checks with their messages.
+the iterator a step call receives and the record of an epoch's step calls, the batch-transfer path, the DDP vote and
+the misuse checks with their messages.
 
 Designs import this module and, if they change Lightning's loops, ``prototypes.lightning_changes``; they never
 import each other.
@@ -7,6 +8,7 @@ import each other.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -196,6 +198,55 @@ class NoProgressGuard:
                 "least once every few calls), or stop explicitly (in training: return -1 from "
                 "`on_train_batch_start` or set `trainer.should_stop = True`)."
             )
+
+
+@dataclass
+class StepCall:
+    """One step call as the loop saw it: the loop writes it, the rest of the loops only read it.
+
+    ``index`` counts the epoch's step calls up to this one, drain calls included (gradient accumulation counts step
+    calls). ``batches`` and ``batch_indices`` are what the call consumed, in order; ``cut_short``: the call ended in
+    the StopIteration of its dataloader's end; ``drain``: a drain call (C17), which finds no batch left; ``open``: the
+    call is running.
+    """
+
+    index: int = 0
+    drain: bool = False
+    batches: list[Any] = field(default_factory=list)
+    batch_indices: list[int] = field(default_factory=list)
+    cut_short: bool = False
+    open: bool = False
+
+    @property
+    def consumed(self) -> int:
+        return len(self.batch_indices)
+
+
+class StepCalls:
+    """The step calls of one loop over the data (an epoch, an evaluation run), on the loop's thread: the running call,
+    or the last one (``call``), and the guard against calls that consume nothing. A design's loop makes one per loop
+    over the data, and extends it with what its way of holding batches needs."""
+
+    def __init__(self, hook_name: str = "training_step", last: StepCall | None = None) -> None:
+        self.call = last or StepCall()  # ``last``: the call a resumed run's checkpoint recorded
+        self.no_progress = NoProgressGuard(hook_name)
+
+    def start_call(self, drain: bool = False) -> StepCall:
+        """A new step call (``drain``: a drain call, which finds no batch left)."""
+        self.call = StepCall(self.call.index + 1, drain, open=True)
+        return self.call
+
+    @contextlib.contextmanager
+    def drain_calls(self) -> Iterator[None]:
+        """While the loop makes drain calls (C17). Afterwards ``call`` is again the call that took the epoch's last
+        batch: the validation interval and a checkpoint look at its batches, not a drain call's."""
+        last = self.call
+        try:
+            yield
+        finally:
+            index = self.call.index
+            self.call = last
+            self.call.index = index  # the drain calls were step calls too
 
 
 # The misuse messages of clause C14, shared by every design so that one wording names each fix.

@@ -7,7 +7,7 @@ from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher
 
-from prototypes.common import ITERATOR_USED_AFTER_ITS_STEP, StepItem, StepIterator
+from prototypes.common import ITERATOR_USED_AFTER_ITS_STEP, StepCall, StepCalls, StepItem, StepIterator
 
 
 class LookAhead:
@@ -17,7 +17,7 @@ class LookAhead:
     never called again after that. ``transfer(batch, dataloader_idx)`` moves a batch to the device; it runs once
     per batch, when the batch is first needed (handed out or shown to a batch-start hook), not when it is
     fetched, so a step that pipelines its own work decides when the copy happens. ``snapshot``, if given,
-    returns the loaders' state; ``consumed_state`` is then their state as of the batches taken so far (the
+    returns the loaders' state; ``consumed_loader_states`` is then their state as of the batches taken so far (the
     batch held back excluded), which is what a checkpoint must record.
     """
 
@@ -34,18 +34,18 @@ class LookAhead:
         self._head_transferred = False
         self._fetch_error: Exception | None = None
         self.exhausted = False
-        self.consumed_state: Any = None
+        self.consumed_loader_states: Any = None
         self._fetch_head()
 
     def _fetch_head(self) -> None:
         # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
-        self.consumed_state = self._snapshot()
+        self.consumed_loader_states = self._snapshot()
         try:
             self._head = self._fetch()
         except StopIteration:
             self._head, self.exhausted = None, True
             # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
-            self.consumed_state = self._snapshot()
+            self.consumed_loader_states = self._snapshot()
         except Exception as error:
             # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
             # raise it when that batch is asked for, with its original type and traceback
@@ -79,6 +79,18 @@ class LookAhead:
         return item
 
 
+class LookAheadStepCalls(StepCalls):
+    """The training loop's record of one epoch's step calls (``common.StepCalls``), with the look-ahead they draw from
+    (``batches``; None between fits), the batch the running call will get first (``upcoming_batch``, None in a drain
+    call) and the last batch handed out with its ``batch_idx`` (``last_handed_out``), which the batch-end hooks get."""
+
+    def __init__(self, batches: LookAhead | None, last: StepCall | None = None) -> None:
+        super().__init__("training_step", last)
+        self.batches = batches
+        self.upcoming_batch: Any = None
+        self.last_handed_out: tuple[Any, int] = (None, -1)
+
+
 class LookAheadStepIterator(StepIterator):
     """A step call's ``dataloader_iter`` over the look-ahead: the batches of ``dataloader_idx`` as ``hand_out`` passes
     them on (the loop counts them there)."""
@@ -107,6 +119,12 @@ class LookAheadStepIterator(StepIterator):
 def fetch_within_limits(data_fetcher: _DataFetcher) -> StepItem:
     # the combined loader does not stop at a `limit_*_batches`; the fetcher's `done` counts against it
     if data_fetcher.done:
+        raise StopIteration
+    length = data_fetcher.length
+    if length is not None and data_fetcher.fetched >= length:
+        # Why: a run resumed from a checkpoint written after the epoch's last batch (an on-exception checkpoint in a
+        # drain call) restores `fetched` to the whole epoch while `done` stays as `reset()` left it; reading on would
+        # start the loader's next epoch and train its first batch in this one
         raise StopIteration
     # the plain profiled fetch; Lightning's `_DataLoaderIterDataFetcher.__next__` hands out its own wrapper
     return _DataFetcher.__next__(data_fetcher)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -15,11 +15,17 @@ import torch
 from pytorch_lightning.loops.fetchers import _DataFetcher
 from pytorch_lightning.trainer import call
 
-from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
+from prototypes.batch_processor.lookahead import (
+    LookAhead,
+    LookAheadStepCalls,
+    LookAheadStepIterator,
+    StepItem,
+    fetch_within_limits,
+)
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
-    NoProgressGuard,
+    StepCall,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
 )
@@ -47,19 +53,10 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         self.batch_progress = ConsumedBatchProgress()
         self._pulling = False
         self._pulling_module: pl.LightningModule | None = None  # the module `_pulling` was decided for
-        self._batches: LookAhead | None = None
-        self._step_calls = 0  # this epoch's step calls, the unit of gradient accumulation
-        self._last_step_consumed = 0
-        self._last_handed_out: tuple[Any, int] = (None, -1)
-        self._step_batches: list[Any] = []  # what the running step consumed, for `self.log`'s batch size
-        self._upcoming_batch: Any = None  # the batch the running step call will get first (None in a drain call)
+        self._calls = LookAheadStepCalls(None)  # this epoch's step calls; accumulation counts them
         self._undo_log_batch_size: Callable[[], None] | None = None
-        self._no_progress = NoProgressGuard()
         self.automatic_optimization = StepFirstAutomaticOptimization(trainer)
         self.manual_optimization = ManualOptimizationSeesStopIteration(trainer)
-        self._step_stopped = False  # a StopIteration from dataloader_iter ended the last step call
-        # Why no more attributes (29 at most, with Lightning's): past that CPython keeps a real dict for the instance,
-        # and every attribute lookup on the loop, many per batch, gets slower
 
     def run(self, data_fetcher: _DataFetcher) -> None:
         step = self.trainer.lightning_module.training_step
@@ -80,27 +77,26 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         return self._pulling
 
     def _step_calls_this_epoch(self) -> int:
-        return self._step_calls
+        return self._calls.call.index
 
     def _consumed_by_last_call(self) -> int:
-        return self._last_step_consumed
+        return len(self._calls.call.batch_indices)  # Why not `consumed`: a call fewer on every batch
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
         if not self._pulling:
             return
-        if self.batch_progress.current.ready == 0:  # not resuming mid-epoch: the restored counts stand otherwise
-            self._step_calls = self._last_step_consumed = 0
+        # resuming mid-epoch, the step call the checkpoint recorded stands (`on_load_checkpoint`)
+        resumed_call = self._calls.call if self.batch_progress.current.ready else None
         self.automatic_optimization.start_epoch()
-        self._last_handed_out = (None, -1)
-        self._no_progress = NoProgressGuard()
         # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
         read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
         stateful = read_loader_states() is not None  # a loader records its position: checkpoints carry consumed state
         snapshot = read_loader_states if stateful else None
-        self._batches = LookAhead(partial(self._fetch, data_fetcher, stateful), BatchTransfer(self.trainer), snapshot)
+        batches = LookAhead(partial(self._fetch, data_fetcher, stateful), BatchTransfer(self.trainer), snapshot)
+        self._calls = LookAheadStepCalls(batches, resumed_call)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call
-        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not self._batches.exhausted)
+        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not batches.exhausted)
 
     def _fetch(self, data_fetcher: _DataFetcher, stateful: bool) -> StepItem:
         if data_fetcher.done and stateful and self._epoch_uncut():
@@ -120,19 +116,23 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def _hand_out(self, item: StepItem) -> StepItem:
         batch, _, dataloader_idx = item
         # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
-        batch_idx = self.batch_progress.current.ready
-        self.batch_progress.count_consumed()
-        self.batch_progress.is_last_batch = self._batches.exhausted
-        self._last_handed_out = (batch, batch_idx)
-        self._step_batches.append(batch)
+        progress, calls = self.batch_progress, self._calls
+        batch_idx = progress.current.ready
+        progress.count_consumed()
+        progress.is_last_batch = calls.batches.exhausted
+        calls.last_handed_out = (batch, batch_idx)
+        call = calls.call
+        call.batches.append(batch)
+        call.batch_indices.append(batch_idx)
         return batch, batch_idx, dataloader_idx
 
     def _log_batches(self) -> list[Any]:
         """What ``self.log``'s batch size counts: the batches the running step consumed, or before its first next()
         the batch it will get (a drain call gets none)."""
-        if self._step_batches or self._upcoming_batch is None:
-            return self._step_batches
-        return [self._upcoming_batch]
+        calls = self._calls
+        if calls.call.batches or calls.upcoming_batch is None:
+            return calls.call.batches
+        return [calls.upcoming_batch]
 
     def teardown(self) -> None:
         # Lightning tears down after every fit, failed ones included
@@ -141,13 +141,14 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self._undo_log_batch_size = None
         # Why: the look-ahead holds the run's loader iterator and callables bound to its fetcher, which a Trainer
         # pickled after fit (C1) must not carry; a checkpoint saved now records the loaders' own (exhausted) state
-        self._batches = None
+        self._calls.batches = None
         super().teardown()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         if not self._pulling:
             return super().advance(data_fetcher)
-        assert self._batches is not None
+        calls = self._calls
+        assert calls.batches is not None
         # restart and SIGTERM handling, as in `_TrainingEpochLoop.advance`
         if self.restarting and self._should_check_val_fx(data_fetcher):
             if self.val_loop.restarted_mid_evaluation:
@@ -161,26 +162,26 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self._broadcast_sigterm_tensor()
 
         trainer = self.trainer
-        batch, _, _ = self._batches.peek()  # `done` was False, so a batch (or its fetch error) is there
+        batch, _, _ = calls.batches.peek()  # `done` was False, so a batch (or its fetch error) is there
         batch_idx = self.batch_progress.current.ready
         trainer._logger_connector.on_batch_start(batch)
-        self._step_batches, self._upcoming_batch = [], batch
-        self._step_calls += 1  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
+        calls.upcoming_batch, previous_call = batch, calls.call
+        calls.start_call()  # the call begins with its batch-start hooks: `IteratorFitLoop.batch_idx` is its index
         call._call_callback_hooks(trainer, "on_train_batch_start", batch, batch_idx)
         response = call._call_lightning_module_hook(trainer, "on_train_batch_start", batch, batch_idx)
         call._call_strategy_hook(trainer, "on_train_batch_start", batch, batch_idx)
         if response == -1:
-            self._step_calls -= 1  # the call does not happen
+            calls.call = previous_call  # the call does not happen
             self.batch_progress.is_last_batch = True
             raise StopIteration  # how `_TrainingEpochLoop.run` is told to end the epoch; nothing was consumed
 
         batch_output = self._run_step()
-        self._no_progress.step_returned(self._last_step_consumed)
+        calls.no_progress.step_returned(len(calls.call.batch_indices))  # Why not `consumed`: a call fewer per batch
 
         # Why vote (one all-reduce per step call, where the loaders need it): a rank whose shard ran out must not stop
         # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers
         # drops its rest
-        has_batch = not self._batches.exhausted
+        has_batch = not calls.batches.exhausted
         self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(has_batch)
         if has_batch and self.batch_progress.is_last_batch:
             warnings.warn(
@@ -189,64 +190,57 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
                 stacklevel=2,
             )
             # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
-            self._batches.drop_rest()
+            calls.batches.drop_rest()
         self.batch_progress.increment_processed()  # up to the batches handed out (`ConsumedBatchProgress`)
         self.update_lr_schedulers("step", update_plateau_schedulers=False)
         if self._num_ready_batches_reached():
             self.update_lr_schedulers("epoch", update_plateau_schedulers=False)
 
-        batch, batch_idx = self._last_handed_out
+        batch, batch_idx = calls.last_handed_out
         call._call_callback_hooks(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
         call._call_lightning_module_hook(trainer, "on_train_batch_end", batch_output, batch, batch_idx)
         trainer._logger_connector.on_batch_end()
         self.batch_progress.increment_completed()
         trainer._logger_connector.update_train_step_metrics()
 
-        self._drain_if_the_data_ended(self._step_stopped)
+        self._drain_if_the_data_ended(calls.call.cut_short)
 
-    @contextlib.contextmanager
-    def _draining(self) -> Iterator[None]:
-        consumed = self._last_step_consumed
-        try:
-            yield
-        finally:
-            # the validation interval and a checkpoint look at the batches of the call that took the last one
-            self._last_step_consumed = consumed
+    def _draining(self) -> contextlib.AbstractContextManager:
+        return self._calls.drain_calls()
 
     def _run_drain_call(self) -> tuple[bool, Any]:
-        self._step_batches, self._upcoming_batch = [], None
-        self._step_calls += 1
+        self._calls.upcoming_batch = None
+        drain_call = self._calls.start_call(drain=True)
         outputs = self._run_step(drain=True)
-        return self._step_stopped, outputs
+        return drain_call.cut_short, outputs
 
     def _run_step(self, drain: bool = False) -> Any:
         """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short.
         ``drain``: a drain call, an accumulation window of its own."""
-        assert self._batches is not None
-        trainer = self.trainer
-        self._step_stopped = False
-        consumed_before = self.batch_progress.current.ready
-        dataloader_iter = LookAheadStepIterator(self._batches, self._hand_out)
+        trainer, calls = self.trainer, self._calls
+        batches, step_call = calls.batches, calls.call
+        assert batches is not None
+        dataloader_iter = LookAheadStepIterator(batches, self._hand_out)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
         try:
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
                     return self.automatic_optimization.run_step_call(
-                        kwargs, trainer.optimizers[0], self._step_calls - 1, drain, lambda: self._batches.exhausted
+                        kwargs, trainer.optimizers[0], step_call.index - 1, drain, lambda: batches.exhausted
                     )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
-            if not self._batches.exhausted:
+            if not batches.exhausted:
                 raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step="training_step")) from None
             # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
             # window still get their step, as Lightning steps on an epoch's final batch
-            self._step_stopped = True
+            step_call.cut_short = True
             if trainer.lightning_module.automatic_optimization:
-                self.automatic_optimization.close_window(self._step_calls - 1)
+                self.automatic_optimization.close_window(step_call.index - 1)
             return None
         finally:
             dataloader_iter.close()
-            self._last_step_consumed = self.batch_progress.current.ready - consumed_before
+            step_call.open = False
 
     # ---- checkpoints and resume
     # [RFC 16] the flavour's own entries, for that module only
@@ -256,22 +250,25 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             # Why only for the flavour (C1): a regular module's checkpoint holds exactly what stock Lightning writes.
             # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
             # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
-            state_dict["step_calls"] = self._step_calls
-            state_dict["last_step_consumed"] = self._last_step_consumed
+            state_dict["step_calls"] = self._calls.call.index
+            state_dict["last_step_consumed"] = self._calls.call.consumed
         return state_dict
 
     def on_load_checkpoint(self, state_dict: dict) -> None:
         super().on_load_checkpoint(state_dict)
-        self._step_calls = state_dict.get("step_calls", 0)
-        self._last_step_consumed = state_dict.get("last_step_consumed", 0)
+        # Lightning loads the progress first: the last call's batches are the ones up to the batch count restored
+        consumed, ready = state_dict.get("last_step_consumed", 0), self.batch_progress.current.ready
+        last = StepCall(state_dict.get("step_calls", 0), batch_indices=list(range(ready - consumed, ready)))
+        self._calls = LookAheadStepCalls(None, last)
 
-    def loader_states_consumed(self) -> list[dict] | None:
+    def consumed_loader_states(self) -> list[dict] | None:
         """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
-        return self._batches.consumed_state if self._pulling and self._batches is not None else None
+        batches = self._calls.batches
+        return batches.consumed_loader_states if self._pulling and batches is not None else None
 
 
 class IteratorFitLoop(BatchCountingFitLoop):
     """Lightning's fit loop; a checkpoint records the loaders' state as of the batches handed out to steps."""
 
     def consumed_loader_states(self) -> list[dict] | None:
-        return self.epoch_loop.loader_states_consumed()
+        return self.epoch_loop.consumed_loader_states()

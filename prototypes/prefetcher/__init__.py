@@ -20,8 +20,8 @@ Options: ``depth`` is the most batches produced ahead of the step. The default, 
 step's thread when the step asks for it: the RFC's thread decision makes the thread opt-in. ``"auto"`` prefetches 2
 and, after timing the first 8 batches of each epoch, drops the thread when it could hide less than 1 ms per batch
 (loading or stepping is that cheap), since the hand-off between threads would then cost more than the overlap saves
-(``queue.Prefetcher``). ``transfer_ahead`` (default True) runs the batch-transfer hooks in the background with the
-loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
+(``prefetch_thread.PrefetchThread``). ``transfer_ahead`` (default True) runs the batch-transfer hooks in the
+background with the loading; ``False`` leaves them on the main thread, applied as a batch is taken from the queue.
 
 One background thread per epoch (and per evaluation run) loads batches and applies the transfer hooks; on CUDA it also
 pins them and copies them on a side stream created once per fit. The step's ``dataloader_iter`` draws from that queue;
@@ -46,17 +46,15 @@ from prototypes.prefetcher.loops import (
     _PrefetchingFitLoop,
     _PrefetchingPredictionLoop,
 )
-from prototypes.prefetcher.options import Options
-from prototypes.prefetcher.queue import AUTO
+from prototypes.prefetcher.options import Options, RunResources
+from prototypes.prefetcher.prefetch_thread import AUTO
 
 
 def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0, transfer_ahead: bool = True) -> pl.Trainer:
-    if depth != AUTO and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
-        raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work) or {AUTO!r} (decide"
-                         f" per epoch), got {depth!r}")
-    trainer, options = pl.Trainer(**trainer_kwargs), Options(depth, transfer_ahead)
+    options = Options(depth, transfer_ahead)  # refuses a depth it cannot run, before a Trainer is made
+    trainer = pl.Trainer(**trainer_kwargs)
     loops = _PrefetchingFitLoop, _PrefetchingEpochLoop, _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
-    return install_loops(trainer, *loops, options=options)
+    return install_loops(trainer, *loops, resources=RunResources(options))
 
 
 DESIGN = Design(

@@ -33,21 +33,21 @@ from prototypes.lightning_changes import (
     evaluation_drain_call,
     supply_log_batch_size,
 )
-from prototypes.prefetcher.fetcher import _PrefetchingIterFetcher, _StepIterator
-from prototypes.prefetcher.options import Options
+from prototypes.prefetcher.fetcher import FetcherStepIterator, _PrefetchingIterFetcher
+from prototypes.prefetcher.options import RunResources
 
 
 class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
     """The shared step-first automatic optimisation, for step calls the prefetching fetcher hands an iterator to."""
 
     def run(self, optimizer: torch.optim.Optimizer, batch_idx: int, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop.prefetching
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
         if fetcher is None:
             return super().run(optimizer, batch_idx, kwargs)
-        step_call_idx = fetcher.call.index - 1
+        step_call_idx = fetcher.calls.call.index - 1
         try:
             return self.run_step_call(
-                kwargs, optimizer, step_call_idx, fetcher.call.drain, fetcher.data_ended_after_call
+                kwargs, optimizer, step_call_idx, fetcher.calls.call.drain, fetcher.data_ended_after_call
             )
         except StopIteration:
             fetcher.step_stopped()
@@ -63,7 +63,7 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
 
 class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
     def run(self, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop.prefetching
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
         if fetcher is None:
             return super().run(kwargs)
         try:
@@ -84,17 +84,14 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         self.automatic_optimization = _StepCallAutomaticOptimization(trainer)
         self.manual_optimization = _StepCallManualOptimization(trainer)
 
-    def _prefetching(self) -> _PrefetchingIterFetcher | None:
-        return self.trainer.fit_loop.prefetching
-
     def _steps_pull_batches(self) -> bool:
-        return self.trainer.fit_loop.prefetching is not None
+        return self.trainer.fit_loop.prefetching_fetcher is not None
 
     def _step_calls_this_epoch(self) -> int:
-        return self.trainer.fit_loop.prefetching.call.index
+        return self.trainer.fit_loop.prefetching_fetcher.calls.call.index
 
     def _consumed_by_last_call(self) -> int:
-        return self.trainer.fit_loop.prefetching.call.consumed
+        return self.trainer.fit_loop.prefetching_fetcher.calls.call.consumed
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
@@ -102,40 +99,40 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)
-        fetcher = self.trainer.fit_loop.prefetching
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
         if fetcher is not None:
-            self._drain_if_the_data_ended(fetcher.call.cut_short)
+            self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:
-        with self._prefetching().drain_calls():
+        with self.trainer.fit_loop.prefetching_fetcher.calls.drain_calls():
             yield
 
     def _run_drain_call(self) -> tuple[bool, Any]:
-        trainer, fetcher = self.trainer, self._prefetching()
-        kwargs = OrderedDict(any=fetcher.start_drain_call())
+        trainer = self.trainer
+        fetcher = trainer.fit_loop.prefetching_fetcher
+        kwargs = OrderedDict(any=fetcher.start_step_call(drain=True))
         with trainer.profiler.profile("run_training_batch"):
             if trainer.lightning_module.automatic_optimization:
                 outputs = self.automatic_optimization.run(trainer.optimizers[0], fetcher.batch_idx, kwargs)
             else:
                 outputs = self.manual_optimization.run(kwargs)
-        return fetcher.call.cut_short, outputs
+        return fetcher.calls.call.cut_short, outputs
 
 
 class _InstallsPrefetchingFetcher:
     """What every loop of the design changes: the fetcher installed for a step taking ``dataloader_iter``."""
 
     trainer: pl.Trainer
-    options: Options
+    resources: RunResources  # the run's, with the design's options
     step_name: str
     _drain_dataloader: Callable[[int], None] | None = None  # the drain calls at a dataloader's end, where drained
-    prefetching: _PrefetchingIterFetcher | None = None
+    prefetching_fetcher: _PrefetchingIterFetcher | None = None
     """The installed fetcher if it is the design's (the step takes ``dataloader_iter``), else None.
 
     Why an attribute set with the fetcher: the loops ask on every batch, several times (Lightning calls
-    ``_accumulated_batches_reached`` six times per batch); a type check there would be per-batch work that a regular
-    module, which runs Lightning's own fetcher and path (C1), pays for nothing. The fetcher changes only in the
-    setter below."""
+    ``_accumulated_batches_reached`` six times per batch), and what runs per batch does no type check (the per-batch
+    rules, ``prototypes.lightning_changes``). The fetcher changes only in the setter below."""
 
     @property
     def counted_progress(self) -> CountsConsumed:
@@ -143,8 +140,8 @@ class _InstallsPrefetchingFetcher:
         loop holds as an attribute, and a checkpoint must hold what stock Lightning's loops hold (C1)."""
         return self.batch_progress  # type: ignore[attr-defined]
 
-    # Why its own attribute, not ``self.__dict__["_data_fetcher"]``: touching an instance's __dict__ makes CPython keep
-    # a real dict for it, and Lightning's lookups on the loop (many per batch) get slower
+    # Why its own attribute, not ``self.__dict__["_data_fetcher"]``: a loop keeps its inline attribute layout (the
+    # per-batch rules, ``prototypes.lightning_changes``)
     _installed_fetcher: _DataFetcher | None = None
 
     @property
@@ -159,27 +156,27 @@ class _InstallsPrefetchingFetcher:
         if type(fetcher) is _DataLoaderIterDataFetcher:
             refuse_mixed_step_signature(getattr(self.trainer.lightning_module, self.step_name), self.step_name)
             started = fetcher
-            fetcher = _PrefetchingIterFetcher(self.trainer, self.options, self.step_name, self.counted_progress)
+            fetcher = _PrefetchingIterFetcher(
+                self.trainer, self.resources, self.step_name, self.counted_progress, self._drain_dataloader
+            )
             if started.iterator is not None:
                 fetcher.adopt(started)
-            if self._drain_dataloader is not None:
-                fetcher.drain_dataloader = self._drain_dataloader
         self._installed_fetcher = fetcher
-        self.prefetching = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        self.prefetching_fetcher = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
         if fetcher is not None:
-            self.counted_progress.counts_consumed = self.prefetching is not None
+            self.counted_progress.counts_consumed = self.prefetching_fetcher is not None
 
     def teardown(self) -> None:
         super().teardown()  # type: ignore[misc]
-        self.options.copy_stream = None
+        self.resources.end_run()
 
 
 # [RFC 7]
 class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     """The evaluation and prediction loops: Lightning's, with the design's fetcher and one call per dataloader."""
 
-    def __init__(self, *args: Any, options: Options, **kwargs: Any) -> None:
-        self.options = options
+    def __init__(self, *args: Any, resources: RunResources, **kwargs: Any) -> None:
+        self.resources = resources
         super().__init__(*args, **kwargs)
         # the counting twin of the class Lightning's loop chose (prediction keeps a `_Progress`, without is_last_batch)
         counting = ConsumedBatchProgress if isinstance(self.batch_progress, _BatchProgress) else ConsumedProgress
@@ -193,9 +190,9 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
         strategy = self.trainer.strategy
         # Why keep a shadow already there: a run inside this run (the batch-size finder's trials, started from
         # on_validation_start) must leave the step shadowed for the rest of the outer run.
-        outer_run_shadows = self.step_name in vars(strategy)
+        outer_run_shadows = isinstance(getattr(strategy, self.step_name), _ShadowedStep)
         if not outer_run_shadows:
-            setattr(strategy, self.step_name, functools.partial(_step_call, self, getattr(strategy, self.step_name)))
+            setattr(strategy, self.step_name, _ShadowedStep(_step_call, self, getattr(strategy, self.step_name)))
         try:
             return super().run()  # type: ignore[misc]
         finally:
@@ -208,11 +205,15 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
         """After each step call, before its batch-end hooks; ``consumed``: the ``batch_idx`` of each batch it took."""
 
 
+class _ShadowedStep(functools.partial):
+    """The strategy's evaluation step as ``run`` shadows it: ``_step_call`` around the strategy's own."""
+
+
 def _step_call(
     loop: _PrefetchingEvaluationSteps, step: Callable[..., Any], dataloader_iter: Any, *args: Any, **kwargs: Any
 ) -> Any:
     """An evaluation step call: the StopIteration at the end of its dataloader ends the call (returning None)."""
-    if not isinstance(dataloader_iter, _StepIterator):
+    if not isinstance(dataloader_iter, FetcherStepIterator):
         return step(dataloader_iter, *args, **kwargs)
     fetcher = loop._data_fetcher
     try:
@@ -222,7 +223,7 @@ def _step_call(
         output = None
     finally:
         fetcher.end_step_call()
-    step_call = fetcher.call
+    step_call = fetcher.calls.call
     loop._on_step_returned(output, dataloader_iter.dataloader_idx, step_call.batch_indices, step_call.cut_short)
     return output
 
@@ -238,10 +239,10 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
 
         def run_call() -> tuple[bool, Any]:
             # through the strategy, whose step ``run`` shadows with ``_step_call``: the call ends as any call does
-            output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_drain_call())
-            return fetcher.call.cut_short, output
+            output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_step_call(drain=True))
+            return fetcher.calls.call.cut_short, output
 
-        with fetcher.drain_calls():
+        with fetcher.calls.drain_calls():
             drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, run_call)
             drain(self.trainer, drain_call, self.step_name)
 
@@ -253,8 +254,8 @@ class _PrefetchingPredictionLoop(
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)
-        fetcher = self.prefetching
-        if fetcher is not None and fetcher.call.cut_short and self.return_predictions:
+        fetcher = self.prefetching_fetcher
+        if fetcher is not None and fetcher.calls.call.cut_short and self.return_predictions:
             # Why: a call ended by StopIteration returned no prediction; Lightning stored its None
             self._predictions[fetcher.dataloader_idx].pop()
 
@@ -264,8 +265,8 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
 
     step_name = "training_step"
 
-    def __init__(self, trainer: pl.Trainer, *, options: Options, **kwargs: Any) -> None:
-        self.options = options
+    def __init__(self, trainer: pl.Trainer, *, resources: RunResources, **kwargs: Any) -> None:
+        self.resources = resources
         super().__init__(trainer, **kwargs)
 
     @property
@@ -283,15 +284,15 @@ class _PrefetchingFitLoop(_InstallsPrefetchingFetcher, BatchCountingFitLoop):
             undo()
 
     def _step_batches(self) -> list[Any] | None:
-        return self.prefetching.step_batches() if self.prefetching is not None else None
+        return self.prefetching_fetcher.step_batches() if self.prefetching_fetcher is not None else None
 
     def advance(self) -> None:
         try:
             super().advance()
         finally:
             # Why: the prefetch thread must not outlive the epoch, whether it ended, stopped early or raised.
-            if self.prefetching is not None:
-                self.prefetching.stop()
+            if self.prefetching_fetcher is not None:
+                self.prefetching_fetcher.stop()
 
     def consumed_loader_states(self) -> list[dict] | None:
-        return self.prefetching.loader_states if self.prefetching is not None else None
+        return self.prefetching_fetcher.consumed_loader_states if self.prefetching_fetcher is not None else None

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.conformance.harness import (
@@ -168,3 +168,27 @@ def test_resume_while_the_step_holds_a_batch(design, tmp_path, saves_held):
             f"resumed run trained {trained_after_resume}: the specification says a held batch the module does not"
             " save is lost (and nothing else is)"
         )
+
+
+def test_resume_from_the_on_exception_checkpoint_of_a_crash_in_an_epochs_first_call(design, tmp_path):
+    # 16 items = 8 batches taken 2 per step call: 4 step calls per epoch, 2 epochs. The crash comes in the first step
+    # call of epoch 2, before it consumes anything; Lightning's OnExceptionCheckpoint writes the checkpoint as it
+    # unwinds, at the boundary between the epochs. Resumed from it, epoch 2 is trained once, as in an uninterrupted
+    # run: its 8 batches from batch_idx 0, and 8 optimizer steps in all. (Where the designs that drain make a drain
+    # call at the end of epoch 1, that call is the one that crashes: the checkpoint holds epoch 1 complete.)
+    n_items, pattern, calls_per_epoch, epochs = 16, (2,), 4, 2
+    checkpoints = tmp_path / "checkpoints"
+
+    def trainer():
+        on_exception = OnExceptionCheckpoint(dirpath=checkpoints)
+        return make_trainer(design, max_epochs=epochs, enable_checkpointing=True, callbacks=[on_exception])
+
+    with pytest.raises(Crash):
+        trainer().fit(CrashingModule(pattern, crash_at=calls_per_epoch), stateful_loader(n_items))
+    resumed, resumed_trainer = CrashingModule(pattern, first_call=calls_per_epoch), trainer()
+    resumed_trainer.fit(resumed, stateful_loader(n_items), ckpt_path=str(checkpoints / "on_exception.ckpt"))
+
+    owed, global_steps, _ = expected_after_resume(pattern, n_items, epochs, calls_per_epoch)
+    received = [(batch, index) for epoch in resumed.record.received_in_epochs() for batch, index in epoch]
+    assert received == owed, f"resumed run received {received}, owed {owed}"
+    assert resumed_trainer.global_step == global_steps

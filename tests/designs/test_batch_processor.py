@@ -152,17 +152,17 @@ def test_consumed_state_excludes_the_batch_held_back_and_marks_the_end():
     # the state is "items fetched so far"; after the end, the loader says so
     state = lambda: "ended" if source.stop_iterations else len(source.fetched)  # noqa: E731
     batches = LookAhead(source.fetch, source.transfer, state)
-    assert source.fetched == [0] and batches.consumed_state == 0, "batch 0 is held back, not consumed"
+    assert source.fetched == [0] and batches.consumed_loader_states == 0, "batch 0 is held back, not consumed"
     batches.take()
-    assert source.fetched == [0, 1] and batches.consumed_state == 1
+    assert source.fetched == [0, 1] and batches.consumed_loader_states == 1
     batches.take()
-    assert batches.exhausted and batches.consumed_state == "ended", "nothing held back: the state after the end"
+    assert batches.exhausted and batches.consumed_loader_states == "ended", "nothing held back: the state after the end"
 
 
 def test_consumed_state_is_none_without_a_snapshot():
     batches = Source(2).look_ahead()
     batches.take()
-    assert batches.consumed_state is None
+    assert batches.consumed_loader_states is None
 
 
 def test_step_iterator_over_one_dataloader_stops_where_the_next_begins():

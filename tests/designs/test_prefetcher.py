@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from prototypes import IMPLEMENTATIONS
-from prototypes.prefetcher import queue as prefetch_queue
-from prototypes.prefetcher.queue import AUTO, Prefetcher
+from prototypes.prefetcher import prefetch_thread
+from prototypes.prefetcher.prefetch_thread import AUTO, PrefetchThread
 from tests.conformance.harness import (
     Crash,
     CrashingModule,
@@ -73,15 +73,15 @@ class OddError(Exception):
         self.index = index
 
 
-def drain(prefetcher: Prefetcher, turn_s: float = 0.0) -> list:
+def drain(thread: PrefetchThread, turn_s: float = 0.0) -> list:
     """Every result until the end, released one by one; the consumer works ``turn_s`` seconds per result."""
     out = []
     while True:
         try:
-            out.append(prefetcher.get())
+            out.append(thread.get())
         except StopIteration:
             return out
-        prefetcher.release()
+        thread.release()
         if turn_s:
             time.sleep(turn_s)
 
@@ -90,11 +90,11 @@ def drain(prefetcher: Prefetcher, turn_s: float = 0.0) -> list:
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_queue_hands_out_everything_in_order_then_keeps_raising_stop_iteration(depth):
-    prefetcher = Prefetcher(Counting(50), depth)
-    assert drain(prefetcher) == list(range(50))
+    thread = PrefetchThread(Counting(50), depth)
+    assert drain(thread) == list(range(50))
     with pytest.raises(StopIteration):
-        prefetcher.get()
-    prefetcher.shutdown()
+        thread.get()
+    thread.shutdown()
 
 
 @pytest.mark.timeout(20)
@@ -109,17 +109,17 @@ def test_queue_never_runs_more_than_depth_ahead_of_releases(depth):
             return super().__call__()
 
     source = Watched(30)
-    prefetcher = Prefetcher(source, depth)
-    prefetcher.start()
+    thread = PrefetchThread(source, depth)
+    thread.start()
     assert wait_until(lambda: source.produced == depth), f"produced {source.produced} before any release"
     while True:
         try:
-            prefetcher.get()
+            thread.get()
         except StopIteration:
             break
         released += 1  # counted before the release, so the producer never sees a release the count lacks
-        prefetcher.release()
-    prefetcher.shutdown()
+        thread.release()
+    thread.shutdown()
     assert source.produced == 30
     # a bounded producer starts item k + depth only after k releases; an unbounded one would run far ahead
     assert max(ahead_at_each_call) < depth, ahead_at_each_call
@@ -127,37 +127,37 @@ def test_queue_never_runs_more_than_depth_ahead_of_releases(depth):
 
 def test_depth_zero_starts_no_thread_and_produces_on_demand():
     source = Counting(3)
-    prefetcher = Prefetcher(source, 0)
+    thread = PrefetchThread(source, 0)
     assert source.produced == 0 and not prefetch_threads()
-    assert prefetcher.get() == 0 and source.produced == 1
+    assert thread.get() == 0 and source.produced == 1
     assert not prefetch_threads()
 
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_an_error_reaches_the_consumer_as_the_same_object_with_its_traceback(depth):
-    prefetcher = Prefetcher(Counting(10, fail_at=3), depth)
+    thread = PrefetchThread(Counting(10, fail_at=3), depth)
     got = []
     with pytest.raises(OddError) as raised:
         while True:
-            got.append(prefetcher.get())
-            prefetcher.release()
+            got.append(thread.get())
+            thread.release()
     assert got == [0, 1, 2], "items before the failure arrive first"
     assert raised.value.index == 3
     frames = [frame.name for frame in traceback.extract_tb(raised.value.__traceback__)]
     assert "__call__" in frames, f"the producer's frame is missing from the traceback: {frames}"
     with pytest.raises(StopIteration):  # afterwards the queue is finished, not hanging
-        prefetcher.get()
+        thread.get()
     assert wait_until(lambda: not prefetch_threads())
 
 
 @pytest.mark.timeout(20)
 def test_shutdown_of_a_blocked_producer_returns_and_is_idempotent():
-    prefetcher = Prefetcher(Counting(1000), 2)
-    assert prefetcher.get() == 0  # the consumer stops early: the producer is blocked on a full queue
+    thread = PrefetchThread(Counting(1000), 2)
+    assert thread.get() == 0  # the consumer stops early: the producer is blocked on a full queue
     started = time.monotonic()
-    prefetcher.shutdown()
-    prefetcher.shutdown()
+    thread.shutdown()
+    thread.shutdown()
     assert time.monotonic() - started < 2.0
     assert not prefetch_threads()
 
@@ -165,10 +165,10 @@ def test_shutdown_of_a_blocked_producer_returns_and_is_idempotent():
 @pytest.mark.timeout(20)
 def test_shutdown_waits_for_a_produce_call_in_progress():
     source = Counting(1000, delay=0.3)
-    prefetcher = Prefetcher(source, 2)
-    prefetcher.start()
+    thread = PrefetchThread(source, 2)
+    thread.start()
     assert source.entered.wait(timeout=10), "the producer never started"  # it is inside the first (slow) call
-    prefetcher.shutdown()
+    thread.shutdown()
     assert not prefetch_threads(), "shutdown returned while the thread was still running"
     assert source.produced == 1
 
@@ -177,42 +177,42 @@ def test_shutdown_waits_for_a_produce_call_in_progress():
 
 @pytest.mark.timeout(20)
 def test_auto_drops_the_thread_when_loading_is_too_cheap_to_hide_and_loses_nothing():
-    prefetcher = Prefetcher(Counting(40), AUTO)
-    assert drain(prefetcher, 0.002) == list(range(40))  # every item once, in order, across the switch
-    assert not prefetcher.threaded and not prefetch_threads()
+    thread = PrefetchThread(Counting(40), AUTO)
+    assert drain(thread, 0.002) == list(range(40))  # every item once, in order, across the switch
+    assert not thread.threaded and not prefetch_threads()
 
 
 @pytest.mark.timeout(20)
 def test_auto_drops_the_thread_when_the_consumer_is_too_quick_for_an_overlap_to_pay():
-    prefetcher = Prefetcher(Counting(30, delay=0.003), AUTO)
-    assert drain(prefetcher, 0.0) == list(range(30))
-    assert not prefetcher.threaded
+    thread = PrefetchThread(Counting(30, delay=0.003), AUTO)
+    assert drain(thread, 0.0) == list(range(30))
+    assert not thread.threaded
 
 
 @pytest.mark.timeout(20)
 def test_auto_keeps_the_thread_when_loading_and_consuming_both_take_time():
     source = Counting(20, delay=0.003)
-    prefetcher = Prefetcher(source, AUTO)
-    assert drain(prefetcher, 0.003) == list(range(20))
-    assert prefetcher.threaded
-    prefetcher.shutdown()
+    thread = PrefetchThread(source, AUTO)
+    assert drain(thread, 0.003) == list(range(20))
+    assert thread.threaded
+    thread.shutdown()
     assert not prefetch_threads()
 
 
 @pytest.mark.timeout(20)
 def test_auto_switching_keeps_an_error_of_a_later_item_for_its_turn():
-    prefetcher = Prefetcher(Counting(40, fail_at=prefetch_queue.AUTO_PROBE_BATCHES + 2), AUTO)
+    thread = PrefetchThread(Counting(40, fail_at=prefetch_thread.AUTO_PROBE_BATCHES + 2), AUTO)
     with pytest.raises(OddError) as raised:
-        drain(prefetcher, 0.0)
-    assert raised.value.index == prefetch_queue.AUTO_PROBE_BATCHES + 2
+        drain(thread, 0.0)
+    assert raised.value.index == prefetch_thread.AUTO_PROBE_BATCHES + 2
     assert wait_until(lambda: not prefetch_threads())
 
 
 def test_bad_depth_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="'auto'"):
-        Prefetcher(Counting(1), "fast")
+        PrefetchThread(Counting(1), "fast")
     with pytest.raises(ValueError, match="int >= 0"):
-        Prefetcher(Counting(1), -1)
+        PrefetchThread(Counting(1), -1)
     with pytest.raises(ValueError, match="depth"):
         PREFETCHER.variant(depth=-2).trainer()
 
@@ -583,7 +583,7 @@ def recording_runs(module: EvalThreads, trainer) -> None:
             try:
                 return run()
             finally:
-                stopped = loop._data_fetcher is None or loop._data_fetcher.prefetcher is None
+                stopped = loop._data_fetcher is None or loop._data_fetcher.prefetch_thread is None
                 module.alive_after_run.append((name, [t.name for t in prefetch_threads()], stopped))
         loop.run = run
 
@@ -722,4 +722,4 @@ def test_ranks_whose_loaders_end_together_take_no_vote_per_step_uneven_shards_st
     steps = [outcome["step_calls"] for outcome in outcomes]
     assert all(outcome["error"] is None for outcome in outcomes) and steps[0] == steps[1], ddp.summary(run)
     votes = _votes(uneven)
-    assert len(votes) == ddp.WORLD and all(v.count("_peek_on_every_rank") == steps[0] + 1 for v in votes), votes
+    assert len(votes) == ddp.WORLD and all(v.count("peek_on_every_rank") == steps[0] + 1 for v in votes), votes

@@ -1,4 +1,5 @@
-"""A bounded background producer (after torchdata.nodes ``Prefetcher``); no Lightning in here."""
+"""The prefetch thread: runs a producer ahead of its consumer, a bounded number of results in flight (after
+torchdata.nodes' ``Prefetcher``); no Lightning in here."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any, NamedTuple
 
 _POLL_S = 0.1  # how often a blocked producer or consumer re-checks that the other side is still there
 
-AUTO = "auto"  # the depth that decides for itself whether the thread pays (see Prefetcher)
+AUTO = "auto"  # the depth that decides for itself whether the thread pays (see PrefetchThread)
 AUTO_DEPTH = 2  # what "auto" runs at while it measures, and keeps when the thread pays
-AUTO_PROBE_BATCHES = 8  # batches measured before deciding, once per Prefetcher (one per epoch)
+AUTO_PROBE_BATCHES = 8  # batches measured before deciding, once per PrefetchThread (one per epoch)
 # The thread saves at most min(produce, consume) per batch and costs a queue hand-off (about 0.3-0.4 ms per batch
 # on the 2-core benchmark machine, S3); below this the hand-off would eat what the overlap saves.
 AUTO_MIN_OVERLAP_S = 0.001
@@ -23,7 +24,7 @@ class _Failure(NamedTuple):
     error: BaseException
 
 
-class Prefetcher:
+class PrefetchThread:
     """Runs ``produce()`` ahead of the consumer on one thread, at most ``depth`` results not yet released.
 
     Modelled on torchdata.nodes ``Prefetcher``: a semaphore bounds what is in flight, and a StopIteration or an

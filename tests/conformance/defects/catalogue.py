@@ -1,318 +1,56 @@
-"""A catalogue of realistic defects, each of which the clause it breaks must catch (``tests/test_defect_catalogue.py``).
-
-A defect is one entry: the clause it breaks, the real design it is applied to, one attribute of that design
-(a method, a property or a function the design imports) and what replaces it, and the suite's tests that must
-fail. ``defect.applied()`` registers the broken design as ``defect_<name>`` and patches the attribute for the
-duration of a run; nothing is edited on disk. Adding a defect::
-
-    Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
-           (lightning_changes, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
-           (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED)
-
-``broken`` receives the original attribute and returns its replacement. ``select`` is a ``-k`` expression that
-narrows the tests to the cases that can catch the defect, to keep the catalogue fast.
-
-    python -m tests.test_defect_catalogue rfc/results/defects.json   # run the catalogue, write its outcomes
-"""
+"""The catalogue: each defect, grouped by the clause that must catch it."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
-from unittest import mock
-
 from pytorch_lightning.loops.fit_loop import _FitLoop
-from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
-from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
-from pytorch_lightning.trainer import call
 from pytorch_lightning.utilities.data import extract_batch_size
 
 import prototypes.common as common
-from prototypes import IMPLEMENTATIONS, lightning_changes
+from prototypes import lightning_changes
 from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
-from prototypes.common import Design
+from prototypes.lightning_changes import log_batch_size
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
 from prototypes.prefetcher import options as prefetch_options
-from prototypes.prefetcher import queue as prefetch_queue
+from prototypes.prefetcher import prefetch_thread
+from prototypes.prefetcher import producer as prefetch_producer
+from prototypes.prefetcher import profiler_guard as prefetch_profiler_guard
+from prototypes.prefetcher import step_calls as prefetch_step_calls
+from tests.conformance.defects.defect import Defect
+from tests.conformance.defects.replacements import (
+    _after,
+    _calls_the_start_hook_per_batch,
+    _complete_one_batch_per_call,
+    _counts_only_a_calls_first_batch,
+    _counts_the_batch_held_back_on_minus_one,
+    _drain_call_as_any_call,
+    _drain_call_logging_every_call,
+    _drain_calls_forgetting_the_last_call,
+    _foreign_stop_ends_the_call,
+    _forget_a_cut_short_calls_batches,
+    _get_retyping_errors,
+    _instead,
+    _keeping,
+    _keeps_counted_progress,
+    _keeps_the_steps_first_batch_for_the_end_hook,
+    _produce_ending_on_error,
+    _redelivers_every_fifth,
+    _run_catching_exception_only,
+    _saves_step_calls_for_every_module,
+    _shutdown_without_join,
+    _skips_the_epochs_last_window,
+    _step_after_a_cut_short_call,
+    _stop_forgetting_the_thread,
+    _transfer_without_after_hook,
+    _transfer_without_precision,
+    _validates_on_multiples_only,
+    _writer_indices_of_the_last_batch,
+)
 
-_Fetcher = prefetch_fetcher._PrefetchingIterFetcher
+_Fetcher = prefetch_fetcher._PrefetchingIterFetcher  # the prefetcher's fetcher, the owner most defects patch
 _EpochLoop = bp_training.IteratorTrainingEpochLoop
-
-
-@dataclass(frozen=True)
-class Defect:
-    """One realistic defect: ``broken(original)`` replaces ``patches = (owner, attribute)`` of ``design``."""
-
-    name: str
-    clause: str
-    design: str
-    what: str  # what the broken design does, in a maintainer's words
-    patches: tuple[Any, str]
-    broken: Callable[[Any], Any]
-    tests: tuple[str, ...]  # ``<file>::<test function>`` in tests/conformance
-    select: str = ""  # a -k expression narrowing the parametrized cases
-    options: Mapping[str, Any] = field(default_factory=dict)  # design options, e.g. a prefetch depth
-
-    @property
-    def design_name(self) -> str:
-        return f"defect_{self.name}"
-
-    @contextlib.contextmanager
-    def applied(self) -> Iterator[Design]:
-        """The broken design, registered as ``defect_<name>`` and patched until the block ends."""
-        base = IMPLEMENTATIONS[self.design].variant(**self.options)
-        design = Design(
-            name=self.design_name,
-            summary=f"{base.id} that {self.what}",
-            make_trainer=base.make_trainer,
-            options=base.options,
-        )
-        owner, attribute = self.patches
-        IMPLEMENTATIONS[design.name] = design
-        try:
-            with mock.patch.object(owner, attribute, self.broken(getattr(owner, attribute))):
-                yield design
-        finally:
-            del IMPLEMENTATIONS[design.name]
-
-
-# --------------------------------------------------------------------------------------------------- replacements
-def _after(change: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A replacement that calls the original, then ``change(self, result, *args)``, returning what that returns."""
-
-    def broken(original: Callable[..., Any]) -> Callable[..., Any]:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return change(self, original(self, *args, **kwargs), *args)
-
-        return method
-
-    return broken
-
-
-def _instead(replacement: Any) -> Callable[[Any], Any]:
-    """A replacement that ignores the original."""
-    return lambda original: replacement
-
-
-def _keeping(fetcher: Any, attributes: tuple[str, ...], advance: Callable[[Any], Any]) -> Any:
-    """``advance(fetcher)`` with ``attributes`` left as they were: the hooks then read stale values."""
-    kept = {name: getattr(fetcher, name) for name in attributes}
-    result = advance(fetcher)
-    for name, value in kept.items():
-        setattr(fetcher, name, value)
-    return result
-
-
-
-def _redelivers_every_fifth(original: Callable[..., Any]) -> Callable[..., Any]:
-    def get(self: Any) -> Any:
-        self.calls = getattr(self, "calls", 0) + 1
-        if self.calls % 5 == 0 and hasattr(self, "last"):
-            return self.last  # "a retry after a slow produce() hands out the previous result again"
-        self.last = original(self)
-        return self.last
-
-    return get
-
-
-def _keeps_the_steps_first_batch_for_the_end_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    def hand_out(self: Any, item: Any) -> Any:
-        first = self._last_handed_out if self._step_batches else None
-        result = original(self, item)
-        if first is not None:
-            self._last_handed_out = first
-        return result
-
-    return hand_out
-
-
-def _calls_the_start_hook_per_batch(original: Callable[..., Any]) -> Callable[..., Any]:
-    def hand_out(self: Any, item: Any) -> Any:
-        if self._step_batches:  # not the step's first batch
-            call._call_lightning_module_hook(
-                self.trainer, "on_train_batch_start", item[0], self.batch_progress.current.ready
-            )
-        return original(self, item)
-
-    return hand_out
-
-
-def _counts_the_batch_held_back_on_minus_one(original: Callable[..., Any]) -> Callable[..., Any]:
-    def advance(self: Any, data_fetcher: Any) -> None:
-        try:
-            original(self, data_fetcher)
-        except StopIteration:  # with a pulling step, advance raises it only for -1 from on_train_batch_start
-            if self._steps_pull_batches():
-                progress = self.batch_progress
-                progress.count_consumed()
-                progress.increment_processed()
-                progress.increment_completed()
-            raise
-
-    return advance
-
-
-def _forget_a_cut_short_calls_batches(self: Any, output: Any) -> Any:
-    if output is None:  # the call was cut short by StopIteration: take back the batches it counted
-        for counts in (self.batch_progress.total, self.batch_progress.current):
-            counts.ready -= self._last_step_consumed
-            counts.started -= self._last_step_consumed
-        self._last_step_consumed = 0
-    return output
-
-
-def _step_after_a_cut_short_call(self: Any, output: Any) -> Any:
-    if output is None and self.trainer.lightning_module.automatic_optimization:
-        self.automatic_optimization._optimizer_step(self._step_calls - 1, lambda: None)
-    return output
-
-
-def _skips_the_epochs_last_window(original: Callable[..., Any]) -> Callable[..., Any]:
-    def close_window(self: Any, step_call_idx: int) -> None:
-        if not self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:  # the final window is never stepped
-            original(self, step_call_idx)
-
-    return close_window
-
-
-def _complete_one_batch_per_call(self: Any) -> None:
-    for counts in (self.total, self.current):  # as Lightning's own class does, whatever the call consumed
-        counts.completed = min(counts.processed, counts.completed + 1)
-
-
-def _saves_step_calls_for_every_module(self: Any) -> dict:
-    state_dict = _TrainingEpochLoop.on_save_checkpoint(self)
-    state_dict.update(step_calls=self._step_calls, last_step_consumed=self._last_step_consumed)
-    return state_dict
-
-
-def _keeps_counted_progress(self: Any, result: None, *args: Any) -> None:
-    self.__dict__["counted_progress"] = self.batch_progress  # Lightning saves every progress a loop holds
-
-
-def _transfer_without_after_hook(self: Any, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
-    module = self.trainer.lightning_module
-    batch = self.trainer.precision_plugin.convert_input(batch)
-    batch = module.on_before_batch_transfer(batch, dataloader_idx)
-    return module.transfer_batch_to_device(batch, self.trainer.strategy.root_device, dataloader_idx)
-
-
-def _transfer_without_precision(self: Any, batch: Any, dataloader_idx: int, pin: bool = False) -> Any:
-    module = self.trainer.lightning_module
-    batch = module.on_before_batch_transfer(batch, dataloader_idx)
-    batch = module.transfer_batch_to_device(batch, self.trainer.strategy.root_device, dataloader_idx)
-    return module.on_after_batch_transfer(batch, dataloader_idx)
-
-
-def _counts_only_a_calls_first_batch(original: Callable[..., Any]) -> Callable[..., Any]:
-    def count_consumed(self: Any) -> None:
-        if self.current.ready == self.current.completed:  # nothing counted yet in this step call
-            original(self)
-
-    return count_consumed
-
-
-def _validates_on_multiples_only(original: Callable[..., Any]) -> Callable[..., Any]:
-    def should_check(self: Any, data_fetcher: Any) -> bool:
-        interval = self.trainer.val_check_batch
-        if self._prefetching() is None or not isinstance(interval, int):
-            return original(self, data_fetcher)
-        # Lightning's rule for one batch per step: a step that consumes past a multiple never lands on it
-        return original(self, data_fetcher) and self.batch_progress.current.completed % interval == 0
-
-    return should_check
-
-
-def _produce_ending_on_error(original: Callable[..., Any]) -> Callable[..., Any]:
-    def produce(self: Any) -> Any:
-        try:
-            return original(self)
-        except StopIteration:
-            raise
-        except Exception:
-            raise prefetch_fetcher._LoaderExhausted(None) from None  # "a broken batch ends the epoch"
-
-    return produce
-
-
-def _get_retyping_errors(original: Callable[..., Any]) -> Callable[..., Any]:
-    def get(self: Any) -> Any:
-        try:
-            return original(self)
-        except StopIteration:
-            raise
-        except Exception as error:
-            raise RuntimeError(f"the prefetch thread failed: {error}") from error
-
-    return get
-
-
-def _shutdown_without_join(self: Any) -> None:
-    self._stop.set()
-
-
-def _run_catching_exception_only(self: Any) -> None:
-    while not self._stop.is_set():
-        if not self._slots.acquire(timeout=prefetch_queue._POLL_S):
-            continue
-        try:
-            self._results.put(self._produce())
-        except Exception as error:  # a KeyboardInterrupt ends the thread and never reaches the consumer
-            self._results.put(prefetch_queue._Failure(error))
-            return
-
-
-def _stop_forgetting_the_thread(self: Any) -> None:
-    self._close_iterator()
-    self.prefetcher = None  # dropped, not shut down: its thread keeps running
-    self._head = None
-
-
-def _foreign_stop_ends_the_call(self: Any) -> None:
-    self.cut_short = True
-
-
-def _drain_call_logging_every_call(self: Any) -> bool:
-    """A drain call that hands the loggers the last values after every call, at the previous call's logging step."""
-    connector = self.trainer._logger_connector
-    connector.on_batch_start(None)
-    saw_end = self._run_drain_call()
-    connector.on_batch_end()
-    connector.update_train_step_metrics()
-    return saw_end
-
-
-@contextlib.contextmanager
-def _drain_calls_forgetting_the_last_call(self: Any) -> Iterator[None]:
-    yield  # nothing restored: the last drain call stays the fetcher's call, and the last real call's count is lost
-
-
-def _drain_call_as_any_call(original: Callable[..., Any]) -> Callable[..., Any]:
-    def run(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
-        fetcher = self.trainer.fit_loop._data_fetcher
-        if not isinstance(fetcher, _Fetcher) or not fetcher.call.drain:
-            return original(self, optimizer, batch_idx, kwargs)
-        try:  # Lightning's way: the optimizer_step hook is entered before the step runs
-            return _AutomaticOptimization.run(self, optimizer, batch_idx, kwargs)
-        except StopIteration:
-            fetcher.step_stopped()
-            return {}
-        finally:
-            fetcher.end_step_call()
-
-    return run
-
-
-def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[..., Any]:
-    def method(self: Any, prediction: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
-        original(self, prediction, dataloader_idx, consumed[-1:], cut_short)
-
-    return method
 
 
 # --------------------------------------------------------------------------------------------------- the catalogue
@@ -345,15 +83,15 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("regular_accumulation_by_step_calls", "C1", "batch_processor",
            "counts accumulation in the flavour's step calls for the regular flavour too",
            (_EpochLoop, "_accumulated_batches_reached"),
-           _instead(lambda self: self._step_calls % self.trainer.accumulate_grad_batches == 0),
+           _instead(lambda self: self._calls.call.index % self.trainer.accumulate_grad_batches == 0),
            (C01 + "test_regular_flavour_with_trainer_options_as_stock",), "accumulate3"),
     Defect("options_pickled_with_their_locks", "C1", "prefetcher",
            "pickles its loops' options as they are, thread locks included, instead of rebuilding them on unpickling",
-           (prefetch_options.Options, "__reduce__"), _instead(object.__reduce__),
+           (prefetch_options.RunResources, "__reduce__"), _instead(object.__reduce__),
            (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "regular and no_profiler"),
     Defect("profiler_left_serialised", "C1", "prefetcher",
            "leaves its serialising start/stop on the user's profiler after the prefetch thread stopped",
-           (prefetch_options.Options, "thread_stopped_recording"), _instead(lambda self, profiler: None),
+           (prefetch_profiler_guard.ProfilerGuard, "thread_stopped_recording"), _instead(lambda self, profiler: None),
            (C01_OBJECT + "test_trainer_pickles_and_copies_before_and_after_fit",), "dataloader_iter and simple",
            options=WITH_THREAD),
     Defect("step_calls_in_regular_checkpoints", "C1", "batch_processor",
@@ -378,15 +116,15 @@ CATALOGUE: tuple[Defect, ...] = (
            (C02 + "test_batch_idx_restarts_from_zero_each_epoch",), SIZED),
     # C3 Exactly once, in order
     Defect("read_ahead_batch_dropped", "C3", "prefetcher", "drops the read-ahead batch whenever a step call closes",
-           (_Fetcher, "end_step_call"), _after(lambda self, _, *args: setattr(self, "_head", None)),
+           (_Fetcher, "end_step_call"), _after(lambda self, _, *args: setattr(self.calls, "head", None)),
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
-           (prefetch_queue.Prefetcher, "get"), _redelivers_every_fifth,
+           (prefetch_thread.PrefetchThread, "get"), _redelivers_every_fifth,
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # C4 Device and transfer hooks
     Defect("after_transfer_hook_skipped", "C4", "prefetcher", "never calls `on_after_batch_transfer`",
-           (_Fetcher, "_transfer"), _instead(_transfer_without_after_hook),
+           (common.BatchTransfer, "__call__"), _instead(_transfer_without_after_hook),
            (C04 + "test_every_batch_passes_each_transfer_hook_once",), SIZED),
     Defect("transfer_hooks_twice", "C4", "batch_processor",
            "transfers a batch when the hooks peek at it and again when it is handed out",
@@ -394,11 +132,11 @@ CATALOGUE: tuple[Defect, ...] = (
            _after(lambda self, item: (self._transfer(item[0], item[2]), item[1], item[2])),
            (C04 + "test_every_batch_passes_each_transfer_hook_once",), SIZED),
     Defect("precision_conversion_skipped", "C4", "prefetcher", "skips the precision plugin's input conversion",
-           (_Fetcher, "_transfer"), _instead(_transfer_without_precision),
+           (common.BatchTransfer, "__call__"), _instead(_transfer_without_precision),
            (C04 + "test_batches_arrive_on_the_module_device_in_its_precision",)),
     # C5 End of data
     Defect("done_never_true", "C5", "prefetcher", "never sets `dataloader_iter.done`",
-           (prefetch_fetcher._StepIterator, "done"), _instead(property(lambda self: False)),
+           (prefetch_fetcher.FetcherStepIterator, "done"), _instead(property(lambda self: False)),
            (C05 + "test_done_is_true_exactly_once_the_last_batch_is_handed_out",), SIZED),
     Defect("cut_short_batches_uncounted", "C5", "batch_processor",
            "does not count the batches of a step call cut short by StopIteration",
@@ -430,7 +168,8 @@ CATALOGUE: tuple[Defect, ...] = (
            (C07 + "test_val_check_interval_counts_batches",)),
     Defect("drain_forgets_the_last_calls_batches", "C7", "prefetcher",
            "forgets in its drain calls how many batches the epoch's last step call took, so a validation due there is"
-           " lost", (_Fetcher, "drain_calls"), _instead(_drain_calls_forgetting_the_last_call),
+           " lost", (prefetch_step_calls.EpochStepCalls, "drain_calls"),
+           _instead(_drain_calls_forgetting_the_last_call),
            (C07 + "test_val_check_interval_counts_batches_of_any_loader",), "across-epochs and " + SIZED),
     # C8 Hooks
     Defect("stale_start_hook_batch", "C8", "prefetcher",
@@ -461,11 +200,11 @@ CATALOGUE: tuple[Defect, ...] = (
            (C09 + "test_accumulation_counts_step_calls",)),
     # C10 Logging
     Defect("batch_size_in_batches", "C10", "prefetcher", "infers `self.log`'s batch size as the number of batches",
-           (lightning_changes, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
+           (log_batch_size, "samples_in"), _instead(lambda batches: len(batches) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED),
     Defect("batch_size_of_first_batch", "C10", "batch_processor",
            "infers `self.log`'s batch size from the step's first batch only",
-           (lightning_changes, "samples_in"),
+           (log_batch_size, "samples_in"),
            _instead(lambda batches: extract_batch_size(batches[0]) if batches else 1),
            (C10 + "test_epoch_mean_is_weighted_by_items_consumed",), SIZED),
     # C11 Exactly-once resume
@@ -479,18 +218,18 @@ CATALOGUE: tuple[Defect, ...] = (
            (C11 + "test_resume_delivers_exactly_the_unconsumed_batches",)),
     # C12 Errors surface
     Defect("loading_error_ends_the_epoch", "C12", "prefetcher", "ends the epoch quietly when a batch fails to load",
-           (_Fetcher, "_produce"), _produce_ending_on_error,
+           (prefetch_producer.BatchProducer, "__call__"), _produce_ending_on_error,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("loading_error_retyped", "C12", "prefetcher", "re-raises a loading error as a RuntimeError",
-           (prefetch_queue.Prefetcher, "get"), _get_retyping_errors,
+           (prefetch_thread.PrefetchThread, "get"), _get_retyping_errors,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("thread_not_joined", "C12", "prefetcher", "stops its prefetch thread without joining it",
-           (prefetch_queue.Prefetcher, "shutdown"), _instead(_shutdown_without_join),
+           (prefetch_thread.PrefetchThread, "shutdown"), _instead(_shutdown_without_join),
            (C12 + "test_error_in_the_step_while_loading_leaves_no_thread_running",), options=WITH_THREAD),
     # C13 Interrupts and early stops
     Defect("interrupt_kills_the_thread", "C13", "prefetcher",
            "lets a KeyboardInterrupt end its thread instead of reaching the step",
-           (prefetch_queue.Prefetcher, "_run"), _instead(_run_catching_exception_only),
+           (prefetch_thread.PrefetchThread, "_run"), _instead(_run_catching_exception_only),
            (C13 + "test_keyboard_interrupt_while_loading_takes_the_interrupt_path",), options=WITH_THREAD),
     # the leaked thread polls until the process ends; w0: no worker processes are kept alive with it
     Defect("early_stop_leaves_the_thread", "C13", "prefetcher",
@@ -501,7 +240,7 @@ CATALOGUE: tuple[Defect, ...] = (
     # C14 Misuse
     Defect("iterator_stays_open", "C14", "prefetcher",
            "keeps an epoch's `dataloader_iter` usable after the epoch, handing out the next epoch's batches",
-           (prefetch_fetcher._StepIterator, "close"), _instead(lambda self: None),
+           (prefetch_fetcher.FetcherStepIterator, "close"), _instead(lambda self: None),
            (C14 + "test_iterator_used_after_its_loop_ended",), "next_epoch"),
     Defect("iterator_per_step_call", "C14", "prefetcher",
            "closes a step's `dataloader_iter` when the step returns and hands the next call a new one",
@@ -521,7 +260,8 @@ CATALOGUE: tuple[Defect, ...] = (
     # C15 Evaluation steps
     Defect("evaluation_iterator_spans_dataloaders", "C15", "prefetcher",
            "lets one evaluation step call's iterator run on into the next dataloader",
-           (_Fetcher, "done_for"), _instead(lambda self, dataloader_idx: self._peek_on_every_rank() is None),
+           (_Fetcher, "done_for"),
+           _instead(lambda self, dataloader_idx, vote=True: self.calls.peek_on_every_rank() is None),
            (C15 + "test_multiple_dataloaders_one_step_call_one_dataloader",), "validate"),
     Defect("evaluation_batch_idx_spans_dataloaders", "C15", "prefetcher",
            "numbers evaluation batches across dataloaders instead of from 0 in each",
@@ -529,7 +269,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C15 + "test_multiple_dataloaders_each_sequence_once_with_its_dataloader_idx",), "validate and " + SIZED),
     # C16 Distributed
     Defect("no_end_of_data_vote", "C16", "prefetcher", "ends an uneven shard's epoch without the ranks' vote",
-           (prefetch_fetcher, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
+           (prefetch_step_calls, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
            (C16 + "test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error",)),
     # C17 Steps with work in flight
     Defect("never_drains", "C17", "batch_processor",
@@ -571,4 +311,3 @@ CATALOGUE: tuple[Defect, ...] = (
            (prefetch_loops._PrefetchingEvaluationLoop, "_drain_dataloader"), _instead(lambda self, idx: None),
            (C19 + "test_eval_pipeline_evaluates_every_batch_once_per_validation_run",), "sized-w0"),
 )
-

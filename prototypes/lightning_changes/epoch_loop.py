@@ -1,0 +1,184 @@
+"""Lightning's training epoch loop, changed where it assumes one batch per step call, and the stock profiler
+action names its subclasses keep."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
+from pytorch_lightning.utilities.combined_loader import CombinedLoader
+
+from prototypes.common import end_of_data_vote_needed, every_rank_has_a_batch
+from prototypes.lightning_changes.draining import drain, epoch_stopped_early
+
+
+# [RFC 11] stock profiler action names
+class StockProfilerActions:
+    """Loop subclasses that profile fetches under stock Lightning's action names."""
+
+    trainer: pl.Trainer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Why computed here: read twice per batch, and a loop's class and stage never change (the per-batch rules,
+        # in this package's docstring)
+        self._stock_fetch_action = stock_fetch_action(self)
+
+    def _on_before_fetch(self) -> None:
+        self.trainer.profiler.start(self._stock_fetch_action)
+
+    def _on_after_fetch(self) -> None:
+        self.trainer.profiler.stop(self._stock_fetch_action)
+
+
+class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
+    """Lightning's training epoch loop, changed where it assumes one batch per step call.
+
+    A design says when its machinery is active (``_steps_pull_batches``), how many step calls this epoch made
+    (``_step_calls_this_epoch``) and how many batches the last one consumed (``_consumed_by_last_call``); with the
+    regular flavour every override defers to Lightning.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._vote_decided_for: CombinedLoader | None = None  # the combined loader `_ranks_vote` was decided for
+        self._ranks_vote = False
+
+    def _steps_pull_batches(self) -> bool:
+        raise NotImplementedError
+
+    def _step_calls_this_epoch(self) -> int:
+        raise NotImplementedError
+
+    def _consumed_by_last_call(self) -> int:
+        raise NotImplementedError
+
+    # [RFC 1] the validation interval reads the batch count
+    def _should_check_val_fx(self, data_fetcher: Any) -> bool:
+        if not self._steps_pull_batches():
+            return super()._should_check_val_fx(data_fetcher)
+        # Why None: given a dataloader_iter fetcher, Lightning validates at every epoch end because its counts are
+        # step calls; here the counts are batches, so the regular flavour's rule applies.
+        if super()._should_check_val_fx(None):
+            return True
+        interval = self.trainer.val_check_batch
+        if interval in (None, float("inf")):
+            return False
+        # Why: Lightning validates when the batch count is a multiple of the interval; a step consuming several
+        # batches can step over the multiple, so validate at the first step boundary at or past it.
+        progress = self.batch_progress
+        counted = (progress.total if self.trainer.check_val_every_n_epoch is None else progress.current).completed
+        passed_a_multiple = counted // interval > (counted - self._consumed_by_last_call()) // interval
+        # Why the epoch's rule last: it is a chain of calls, and most step calls pass no multiple
+        return passed_a_multiple and self._should_check_val_epoch()
+
+    # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
+    def _run_drain_call(self) -> tuple[bool, Any]:
+        """Run the step once with an exhausted ``dataloader_iter``: whether a StopIteration ended the call, and the
+        outputs the optimisation loop returned for it (empty when the step returned None)."""
+        raise NotImplementedError
+
+    def _draining(self) -> contextlib.AbstractContextManager:
+        """What the design keeps while it drains: the window rule of C17, and the last call's batch count (after the
+        drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
+        raise NotImplementedError
+
+    # [RFC 3]
+    def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
+        # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
+        # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
+        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
+        if not data_ended and not self._ranks_vote_every_step():
+            return  # every rank's data ends at the same step call: before it there is nothing to agree on
+        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
+            self._drain_held_batches()
+
+    # [RFC 8] the end-of-data vote, where this epoch's loaders need it
+    def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
+        """The ranks' end-of-data vote (``every_rank_has_a_batch``) when ``_ranks_vote_every_step()``; otherwise
+        every rank's data ends at the same step call, and this rank's ``has_batch`` is the answer."""
+        return every_rank_has_a_batch(self.trainer, has_batch) if self._ranks_vote_every_step() else has_batch
+
+    def _ranks_vote_every_step(self) -> bool:
+        """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
+        combined loader: ``end_of_data_vote_needed``)."""
+        combined = self.trainer.fit_loop._combined_loader
+        if self._vote_decided_for is not combined or combined is None:
+            flattened = combined.flattened if combined is not None else []
+            self._ranks_vote = end_of_data_vote_needed(self.trainer, flattened)
+            self._vote_decided_for = combined
+        return self._ranks_vote
+
+    def _drain_held_batches(self) -> None:
+        with self._draining():
+            drain(self.trainer, self._drain_call)
+
+    # [RFC 3]
+    def _drain_call(self) -> bool:
+        """One drain call: no batch, so no batch hooks and no batch progress.
+
+        A call that steps an optimizer (it trained a held batch) is a step of the loop: the step schedulers advance
+        and what it logged reaches the loggers at a logging step of its own. A call that steps none (it only saw the
+        end) leaves no trace: no logger row, no step counted.
+
+        Returns whether it ended the draining (C17's rule): it raised StopIteration, or it did no work (returned
+        nothing and stepped no optimizer). Why not also "called next() on the exhausted iterator": TorchRec's
+        pipelines refill their queue with ``next(it, None)`` while they still hold batches.
+        """
+        trainer = self.trainer
+        steps_before = trainer.global_step
+        trainer._logger_connector.on_batch_start(None)
+        stopped, outputs = self._run_drain_call()
+        trainer._logger_connector.on_batch_end()
+        stepped = trainer.global_step > steps_before
+        if stepped:
+            # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
+            # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
+            # the epoch's last batch. Counting the call before this one now gives this call's row a step of its own
+            # instead of the previous row's; `on_advance_end` then counts the last call that stepped.
+            self._batches_that_stepped += 1
+            self.update_lr_schedulers("step", update_plateau_schedulers=False)
+            trainer._logger_connector.update_train_step_metrics()
+        # Why the outputs alone under automatic optimisation: Lightning counts an optimizer step for a call that
+        # returned None too (the closure's None only skips the update); under manual optimisation a step that trains
+        # may return nothing, and its `self.optimizers()` steps are what tells
+        manual = not trainer.lightning_module.automatic_optimization
+        did_work = bool(outputs) or (manual and stepped)
+        return stopped or not did_work
+
+    # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
+    def _accumulated_batches_reached(self) -> bool:
+        accumulate = self.trainer.accumulate_grad_batches
+        if accumulate == 1:
+            return True  # as Lightning's count modulo 1; why first: Lightning asks six times per batch
+        if not self._steps_pull_batches():
+            return super()._accumulated_batches_reached()
+        return self._step_calls_this_epoch() % accumulate == 0
+
+    # ------------------------------------------------------------------- [RFC 6] resume restores the counts
+    def update_restart_stage(self) -> None:
+        super().update_restart_stage()
+        total = self.batch_progress.total
+        mid_step = total.ready == total.started == total.processed > total.completed
+        if self.restarting and self._steps_pull_batches() and mid_step:
+            # Why: Lightning recognises a checkpoint saved in on_train_batch_end by completed == processed - 1 (one
+            # batch per step call); here the call that saved it may have consumed several batches.
+            self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
+
+
+# [RFC 11]
+def stock_fetch_action(loop: Any) -> str:
+    """``[_TrainingEpochLoop].train_dataloader_next`` and its kin, whatever the subclass (C1).
+
+    Why: Lightning names the action after the loop's class; profiler reports are read by users and parsed by
+    scripts, so a design's subclass must not rename them.
+    """
+    stock = _stock_loop_name(type(loop))
+    prefix = {"_TrainingEpochLoop": "train_dataloader", "_PredictionLoop": "predict"}.get(stock)
+    return f"[{stock}].{prefix or loop._stage.dataloader_prefix}_next"
+
+
+def _stock_loop_name(loop_type: type) -> str:
+    return next(c.__name__ for c in loop_type.__mro__ if c.__module__.startswith("pytorch_lightning."))

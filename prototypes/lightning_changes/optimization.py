@@ -1,0 +1,127 @@
+"""The optimisation loops: the optimizer step decided after the step returns (automatic), and a step's StopIteration
+seen by the loop (manual)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+
+
+# ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
+class StepFirstAutomaticOptimization(_AutomaticOptimization):
+    """Lightning's automatic optimisation, with the optimizer step (or accumulation) decided after the step returns.
+
+    Lightning calls ``optimizer.step(closure)`` and runs the step inside it, deciding beforehand whether to step.
+    When the step pulls its batches, only its return tells whether it took the epoch's last batch (which closes the
+    accumulation window), and a call cut short by StopIteration must not reach ``optimizer.step`` at all. Here
+    Lightning's closure (step, zero_grad, backward) runs first; then the optimizer steps with the loss already
+    computed, or the window stays open. The step call's index in the epoch stands in for ``batch_idx``: windows and
+    the optimizer hooks count step calls (C9). A drain call (C17) is a window of its own, and one that computed no
+    loss reaches no optimizer hook. ``run`` stays Lightning's, for the regular flavour.
+    """
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        super().__init__(trainer)
+        self._window_open = False  # gradients accumulated since the last optimizer step
+        self._window_loss: torch.Tensor | None = None  # the loss of the window's last call
+
+    def start_epoch(self) -> None:
+        """The epoch's first step call starts a window."""
+        self._window_open, self._window_loss = False, None
+
+    def run_step_call(
+        self, kwargs: Any, optimizer: torch.optim.Optimizer, step_call_idx: int, drain: bool,
+        data_ended: Callable[[], bool],
+    ) -> dict:
+        """One step call; ``data_ended()``, asked once the step returned, says whether it took the epoch's last batch.
+
+        A StopIteration from the step propagates (no backward ran): the design tells the end of the data from a stray
+        one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
+        """
+        trainer = self.trainer
+        if drain and not self._skip_backward:
+            # Why on the instance, for this call only: a drain call is a window of its own (the epoch's last batch
+            # closed the previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches; an
+            # override would be a call more on every batch
+            self._make_zero_grad_fn = self._zero_grad_fn_of_a_drain_call
+            try:
+                closure = self._make_closure(kwargs, optimizer, step_call_idx)
+            finally:
+                del self._make_zero_grad_fn
+        else:
+            closure = self._make_closure(kwargs, optimizer, step_call_idx)
+        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
+        # Whether this call closes its window is known only after it ran, so every backward syncs: one
+        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
+        closure()
+        result = closure.consume_result()
+        if drain and result.loss is None:
+            return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
+        self._window_open, self._window_loss = True, result.loss
+        if data_ended():
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+        # Why accumulate_grad_batches first: without accumulation every call closes its window, and asking the
+        # strategy and the loop is a chain of calls on every batch
+        closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
+        if closes or not trainer.fit_loop._should_accumulate():
+            self.close_window(step_call_idx)
+        return {} if result.loss is None else result.asdict()
+
+    def close_window(self, step_call_idx: int) -> None:
+        """Step the optimizer for the open window with the loss its last call computed; nothing if none is open."""
+        if not self._window_open:
+            return
+        loss, evaluated = self._window_loss, []
+
+        def computed_loss() -> Any:
+            # the closure's loss was computed already; mixed-precision plugins skip the step if it is None
+            if evaluated:
+                raise RuntimeError(
+                    "the optimizer evaluated its closure more than once (as LBFGS does); with"
+                    " training_step(self, dataloader_iter) each evaluation would need new batches. Use manual"
+                    " optimisation (self.automatic_optimization = False) and call optimizer.step(closure) yourself."
+                )
+            evaluated.append(True)
+            return loss
+
+        self._optimizer_step(step_call_idx, computed_loss)
+        self._window_open, self._window_loss = False, None
+
+    def _zero_grad_fn_of_a_drain_call(self, batch_idx: int, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+        def zero_grad_fn() -> None:
+            self._on_before_zero_grad(optimizer)
+            self._optimizer_zero_grad(batch_idx, optimizer)
+
+        return zero_grad_fn
+
+
+# ----------------------------------------------------------------------- [RFC 10] misuse: a stray StopIteration
+class _StepRaisedStopIteration(Exception):
+    """Carries a step's StopIteration past Lightning's manual-optimisation loop, which suppresses it."""
+
+
+# [RFC 10]
+class ManualOptimizationSeesStopIteration(_ManualOptimization):
+    """Lightning's manual optimisation, except that a ``StopIteration`` raised by the step reaches the caller.
+
+    Why: ``_ManualOptimization.run`` wraps the step in ``suppress(StopIteration)`` (stock Lightning uses the
+    exception only to end the epoch). A loop that tells the end of data from a stray ``StopIteration`` (C14 f) and
+    ends the epoch on the former must see it under manual optimisation as under automatic optimisation.
+    """
+
+    def advance(self, kwargs: Any) -> None:
+        try:
+            super().advance(kwargs)
+        except StopIteration as stop:
+            raise _StepRaisedStopIteration from stop
+
+    def run(self, kwargs: Any) -> Any:
+        try:
+            return super().run(kwargs)
+        except _StepRaisedStopIteration as carried:
+            raise carried.__cause__ from None

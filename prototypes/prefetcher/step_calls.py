@@ -1,0 +1,117 @@
+"""The prefetcher's record of one loop over the data's step calls, on the loop's thread: the shared record
+(``common.StepCalls``: the running call, drain calls) with the peeked next batch (the head), the ranks' end-of-data
+vote and the batches taken between calls. No loop and no thread in here."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+
+from prototypes.common import StepCall, StepCalls, every_rank_has_a_batch
+from prototypes.prefetcher.producer import Produced
+
+
+class EpochStepCalls(StepCalls):
+    """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
+
+    ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
+    handed out. A batch handed out while no call is open (a pipeline's thread pulling ahead) counts toward the next
+    call. ``consumed_loader_states`` is the loaders' state as of the batches handed out: what a checkpoint
+    records. ``lock``: a pipeline's own loading thread (TorchRec's DataLoadingThread) may call next() on the step's
+    iterator while the loop's thread peeks for the end of data between calls; both move the head.
+    """
+
+    def __init__(
+        self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
+        ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
+    ) -> None:
+        super().__init__(hook_name)
+        self.trainer, self.take = trainer, take
+        self.lock = threading.RLock()
+        self.head: Produced | None = None  # the peeked next batch, already taken from the producer
+        self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
+        # whether the ranks vote on the end of data: off for loaders that end evenly, and once they agreed it ended
+        self.ranks_vote = ranks_vote
+        self.voted_before_call: int | None = None  # the step call the ranks last agreed to start
+        # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
+        self.taken_between_calls: list[tuple[Any, int]] = []
+        self.consumed_loader_states = consumed_loader_states
+
+    def peek(self) -> Produced | None:
+        if self.head is None and not self.exhausted:
+            self.head = self.take()
+        return self.head
+
+    def peek_on_every_rank(self) -> Produced | None:
+        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
+
+        Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
+        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
+        end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
+        not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
+        vote it does not join would block the ranks that pull. Loaders that give every rank the same number of
+        batches need no vote.
+        """
+        with self.lock:
+            head = self.peek()
+            if not (self.ranks_vote and self.vote_due()):
+                return head
+            self.voted_before_call = self.call.index
+            if every_rank_has_a_batch(self.trainer, head is not None):
+                return head
+            # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
+            self.head, self.exhausted, self.ranks_vote = None, True, False
+            return None
+
+    def vote_due(self) -> bool:
+        """Where the ranks vote at all (``ranks_vote``), whether they vote now: between two calls, once per call. Why
+        the callers check ``ranks_vote`` first: it is off for most runs, and they ask on every batch."""
+        return not self.call.open and self.voted_before_call != self.call.index
+
+    @staticmethod
+    def head_of(dataloader_idx: int, head: Produced | None) -> Produced | None:
+        """``head`` if it is a batch of ``dataloader_idx``: an iterator never spans two dataloaders (C15)."""
+        return head if head is not None and head.dataloader_idx == dataloader_idx else None
+
+    def hand_out(self, dataloader_idx: int) -> Produced:
+        """The next batch of ``dataloader_idx``, handed to the step (under ``lock``): recorded in the running call, or
+        between calls toward the next one; its loader state becomes the one a checkpoint records."""
+        head = self.head
+        if head is None and not self.exhausted:  # Why not `peek()`: a call fewer on every batch
+            head = self.head = self.take()
+        if head is None or head.dataloader_idx != dataloader_idx:
+            raise StopIteration
+        self.head = None
+        self.consumed_loader_states = head.loader_states
+        call = self.call
+        if call.open:
+            call.batches.append(head.batch)
+            call.batch_indices.append(head.batch_idx)
+        else:
+            self.taken_between_calls.append((head.batch, head.batch_idx))
+        return head
+
+    def loader_ended(self, loader_states: list[dict] | None) -> None:
+        """The producer found the end: nothing unconsumed is left, so a resumed run starts from the loaders' state
+        after their end (None: a limit cut them short, the last handed-out batch's state stands)."""
+        self.exhausted = True
+        if loader_states is not None:
+            self.consumed_loader_states = loader_states
+
+    def start_call(self, drain: bool = False) -> StepCall:
+        """A new step call (under ``lock``); batches a pipeline's thread took since the previous call count toward
+        it."""
+        call = super().start_call(drain)
+        if self.taken_between_calls:
+            for batch, batch_idx in self.taken_between_calls:
+                call.batches.append(batch)
+                call.batch_indices.append(batch_idx)
+            self.taken_between_calls = []
+        return call
+
+    def end(self) -> None:
+        """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
+        self.call.open, self.taken_between_calls, self.head = False, [], None
