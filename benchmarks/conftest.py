@@ -9,8 +9,8 @@
   (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 and S6 (for example
   ``-k S1``) writes ``.benchmarks/benchmarks-<kind>.partial.json`` instead, so it never clobbers a full result;
   ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
-- Every registered design is measured, and so is each design from outside this repository that ``--impl`` names
-  (``--impl package.module:ATTR`` or an installed entry point; see the conformance plugin).
+- Every registered design is measured, and so is each design from outside this repository that ``--design`` names
+  (``--design package.module:ATTR`` or an installed entry point; see the conformance plugin).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from benchmarks import results, summary, workloads
 from benchmarks.measuring import Interleaved, Measurement, report
 from harness_common import SelectionError, select_designs
-from prototypes import IMPLEMENTATIONS, Design
+from prototypes import DESIGNS, Design
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,7 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the outside designs ``--impl`` names for this session, before the scenarios read the registry.
+    """Register the outside designs ``--design`` names for this session, before the scenarios read the registry.
 
     A measuring run ends with the targets' verdicts (``summary.py``); pytest-benchmark's tables, wider than most
     terminals, print only with ``--benchmark-tables``. pytest-benchmark reads its options after this hook (its own
@@ -50,14 +50,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.benchmark_quiet = True
     outside: dict[str, Design] = {}
     try:
-        selected = select_designs(config.getoption("--impl"))
+        selected = select_designs(config.getoption("design"))
     except SelectionError as error:
         raise pytest.UsageError(str(error)) from None
     for design in selected:
-        if design.name not in IMPLEMENTATIONS:
+        if design.name not in DESIGNS:
             outside.setdefault(design.name, design)
-    IMPLEMENTATIONS.update(outside)
-    config.add_cleanup(lambda: [IMPLEMENTATIONS.pop(name) for name in outside])
+    DESIGNS.update(outside)
+    config.add_cleanup(lambda: [DESIGNS.pop(name) for name in outside])
 
 
 def measuring(config: pytest.Config) -> bool:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.measuring import Interleaved, Probe
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.common import Design
 
 SHIPS, OPT_IN_THREAD = "ships", "opt-in thread"
@@ -56,20 +56,20 @@ def configuration(entry: Design, design: Design) -> str | None:
 
 def configuration_of(entry: Design) -> str | None:
     """``configuration`` of an entry of a design in the registry."""
-    return configuration(entry, IMPLEMENTATIONS[entry.name])
+    return configuration(entry, DESIGNS[entry.name])
 
 
 def is_thread_configuration(entry: Design) -> bool:
     """Whether the entry is the configuration the overlap targets judge (and the S1 promises are asserted on)."""
     kind = configuration_of(entry)
-    return kind is not None and kind == thread_configuration(IMPLEMENTATIONS[entry.name])
+    return kind is not None and kind == thread_configuration(DESIGNS[entry.name])
 
 
 def design_entries(depths: Sequence[int], with_opt_in_thread: bool = True) -> dict[str, Design]:
     """Entry key -> design: every registered design as it ships, its opt-in thread (``with_opt_in_thread``), and
     every design that prefetches (``Design.prefetch_depth_option``) also at each of ``depths`` (each kept once)."""
     entries: dict[str, Design] = {}
-    for design in IMPLEMENTATIONS.values():
+    for design in DESIGNS.values():
         thread = opt_in_thread(design) if with_opt_in_thread else None
         depths_of_design = [design.variant(**{design.prefetch_depth_option: depth})
                             for depth in depths] if design.prefetch_depth_option else []
@@ -92,7 +92,7 @@ SIMPLER_DESIGN = "batch_processor"
 def simpler_design_alternatives(compositions: Sequence[str] = ("workers", "nodes-prefetch")) -> dict[str, tuple]:
     """Alternative entry -> (design, composition) for the simpler design over DataLoader workers and over torchdata
     ``nodes`` prefetching (empty when that design is not registered)."""
-    design = IMPLEMENTATIONS.get(SIMPLER_DESIGN)
+    design = DESIGNS.get(SIMPLER_DESIGN)
     if design is None:
         return {}
     return {f"alt:{design.id}+{composition}": (design, composition) for composition in compositions}

@@ -14,7 +14,7 @@ from benchmarks.measuring import Interleaved
 from benchmarks.targets import evaluate_targets
 from benchmarks.workloads import TORCH_THREADS
 from harness_common import REPO_ROOT, cpu_model, provenance, version
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 
 RESULTS_DIR = REPO_ROOT / "rfc" / "results"
 PARTIAL_DIR = REPO_ROOT / ".benchmarks"  # git-ignored: results of runs that did not cover every CPU scenario
@@ -64,7 +64,7 @@ def results_document(store: ResultStore, setup: dict[str, Any]) -> dict[str, Any
     return {
         "schema": SCHEMA,
         "setup": setup,
-        "targets": evaluate_targets(store.rows, IMPLEMENTATIONS),
+        "targets": evaluate_targets(store.rows, DESIGNS),
         "scenarios": {s: store.rows[s] for s in sorted(store.rows)},
         "notes": store.notes,
     }

@@ -245,7 +245,7 @@ REGISTRY = {d.name: d for d in (THREADED, SHIPS_PREFETCHING, PLAIN)}
 
 
 def test_the_entries_of_a_scenario_follow_what_each_design_declares(monkeypatch) -> None:
-    monkeypatch.setattr(entries, "IMPLEMENTATIONS", REGISTRY)
+    monkeypatch.setattr(entries, "DESIGNS", REGISTRY)
     measured = entries.design_entries((0, 2))
     assert {key: entries.configuration_of(design) for key, design in measured.items()} == {
         "threaded[lookahead=0]": "ships", "threaded[lookahead='auto']": "opt-in thread",

@@ -23,7 +23,7 @@ from torch import nn
 
 from benchmarks import entries, measuring, workloads
 from benchmarks.conftest import FEATURES, ROWS
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 
 pytestmark = [
     pytest.mark.benchmark(group="S2 step-level pipelining (time per batch)", timer=measuring.span_clock),
@@ -31,7 +31,7 @@ pytestmark = [
 ]
 
 MODES = ("plain", "pipelined")
-CASES = [(design, mode) for design in IMPLEMENTATIONS for mode in MODES]
+CASES = [(design, mode) for design in DESIGNS for mode in MODES]
 PROMISED_SPEEDUP = 1.3  # asserted in benchmark mode for every design, on the fastest rounds (target 1.6, recorded)
 
 
@@ -115,7 +115,7 @@ def _once(bench, design: str, mode: str) -> measuring.Probe:
     ) as pool:
         module = PipelinedStep(probe, bench.burner, bench.burner.iterations_for(sizes.s2_c_ms),
                                bench.burner.iterations_for(sizes.s2_r_ms), pool, mode == "pipelined")
-        workloads.fit(workloads.make_trainer(IMPLEMENTATIONS[design], bench.root), module, workloads.loader(dataset))
+        workloads.fit(workloads.make_trainer(DESIGNS[design], bench.root), module, workloads.loader(dataset))
     measuring.check_exactly_once(probe.received, n)
     measuring.check_exactly_once(probe.trained, n, what="trained on")
     return probe
@@ -135,7 +135,7 @@ def test_s2_pipelining(benchmark, bench, design: str, mode: str) -> None:
                   timed_batches=sizes.s2_batches - 1 - sizes.skip)
     if mode == "plain":
         bench.record(benchmark, "S2", dict(
-            design=IMPLEMENTATIONS[design].id, role="baseline", flavour="dataloader_iter", mode=mode, **common,
+            design=DESIGNS[design].id, role="baseline", flavour="dataloader_iter", mode=mode, **common,
             time_per_batch_ms=measuring.rounded(measurement.median_ms), rounds=measurement.rounds))
         return
 
@@ -147,7 +147,7 @@ def test_s2_pipelining(benchmark, bench, design: str, mode: str) -> None:
     best = plain.min_ms / measurement.min_ms  # fastest rounds: the noise-margin figure the assertion uses
     ideal = (sizes.s2_r_ms + sizes.s2_c_ms) / max(sizes.s2_r_ms, sizes.s2_c_ms)
     bench.record(benchmark, "S2", dict(
-        **entries.design_fields(IMPLEMENTATIONS[design]), flavour="dataloader_iter", mode=mode, **common,
+        **entries.design_fields(DESIGNS[design]), flavour="dataloader_iter", mode=mode, **common,
         time_per_batch_ms=measuring.rounded(measurement.median_ms),
         time_per_batch_plain_ms=measuring.rounded(plain.median_ms),
         speedup=speedup["value"], speedup_interval=speedup["interval"], speedup_best_rounds=measuring.rounded(best),

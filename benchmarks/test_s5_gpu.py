@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from benchmarks import entries, gpu_s5, measuring, results
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 
 SCRIPT = gpu_s5.REPO_ROOT / "benchmarks" / "gpu_s5.py"
 DRY_RUN_TIMEOUT_S = 240  # a hang guard, not a time bound: the run takes seconds; past this the child is killed
 
 
 def repository_design_ids() -> list[str]:
-    """What the script's own process runs: this repository's designs (not one from outside that ``--impl`` adds to
+    """What the script's own process runs: this repository's designs (not one from outside that ``--design`` adds to
     this session's registry), each as it ships and with its opt-in prefetch thread."""
     return [d.id for d in entries.design_entries(()).values()
             if d.make_trainer.__module__.split(".")[0] == "prototypes"]
@@ -62,8 +62,8 @@ def test_the_dry_run_on_cpu_runs_every_design_and_writes_its_results(tmp_path) -
 
 def test_a_design_that_cannot_run_is_recorded_and_fails_the_run(tmp_path, monkeypatch, capsys) -> None:
     # A real design with an option its trainer refuses: the other entries still run, the script exits non-zero
-    broken = IMPLEMENTATIONS["prefetcher"].variant(depth=-1)
-    monkeypatch.setitem(IMPLEMENTATIONS, "prefetcher_negative_depth", broken)
+    broken = DESIGNS["prefetcher"].variant(depth=-1)
+    monkeypatch.setitem(DESIGNS, "prefetcher_negative_depth", broken)
     out = tmp_path / "benchmarks-s5-broken.json"
     argv = ["--device", "cpu", "--batches", "3", "--designs", "upstream,prefetcher_negative_depth", "--out", str(out)]
     assert gpu_s5.main(argv) == 1

@@ -1,6 +1,6 @@
 """What the conformance suite (``tests/``), the benchmarks (``benchmarks/``) and the RFC renderer (``rfc/``) share.
 
-- **Design selection**: ``select_designs(spec)`` turns an ``--impl`` value into the designs (and variants) a run
+- **Design selection**: ``select_designs(spec)`` turns an ``--design`` value into the designs (and variants) a run
   covers, from the registry, from an installed package's entry point, or from ``package.module:ATTR``.
 - **Provenance**: where a results file comes from (versions, the commit of the measured code, when), written into
   every results file's ``setup``; ``SETUP_LABELS`` is how the RFC shows it.
@@ -56,7 +56,7 @@ QUIET = dict(
 
 # ------------------------------------------------------------------------------------------------ design selection
 class SelectionError(Exception):
-    """An ``--impl`` value that names no design, or a design that cannot be loaded; the message names the fix."""
+    """An ``--design`` value that names no design, or a design that cannot be loaded; the message names the fix."""
 
 
 def _split_top_level(spec: str) -> list[str]:
@@ -73,10 +73,10 @@ def _parse_value(text: str):
 
 def installed_designs() -> dict[str, importlib.metadata.EntryPoint]:
     """The designs installed packages declare in the ``dataloader_iter_designs`` entry-point group, by name."""
-    from prototypes import IMPLEMENTATIONS  # Why here: tests replace the registry for a run
+    from prototypes import DESIGNS  # Why here: tests replace the registry for a run
 
     points = {point.name: point for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    clashes = [f"{name} = {points[name].value}" for name in sorted(set(points) & set(IMPLEMENTATIONS))]
+    clashes = [f"{name} = {points[name].value}" for name in sorted(set(points) & set(DESIGNS))]
     if clashes:
         raise SelectionError(
             f"entry points in group {ENTRY_POINT_GROUP!r} take the names of designs in this repository "
@@ -88,7 +88,7 @@ def installed_designs() -> dict[str, importlib.metadata.EntryPoint]:
 def _as_design(source: str, value: object) -> Design:
     if not isinstance(value, Design):
         raise SelectionError(
-            f"--impl {source}: {type(value).__name__} is not a prototypes.common.Design; point it at an object "
+            f"--design {source}: {type(value).__name__} is not a prototypes.common.Design; point it at an object "
             "built with Design(name=..., summary=..., make_trainer=...)"
         )
     return value
@@ -101,7 +101,7 @@ def _design_at(path: str) -> Design:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise SelectionError(
-            f"--impl {path}: cannot import {module_name!r} ({error}); install the package that defines it "
+            f"--design {path}: cannot import {module_name!r} ({error}); install the package that defines it "
             "or put its directory on PYTHONPATH"
         ) from None
     try:
@@ -109,15 +109,15 @@ def _design_at(path: str) -> Design:
     except AttributeError:
         designs = sorted(name for name, value in vars(module).items() if isinstance(value, Design))
         raise SelectionError(
-            f"--impl {path}: module {module_name!r} has no attribute {attribute!r}; "
+            f"--design {path}: module {module_name!r} has no attribute {attribute!r}; "
             f"the Designs it defines: {', '.join(designs) or 'none'}"
         ) from None
     design = _as_design(path, value)
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
-    if IMPLEMENTATIONS.get(design.name, design) is not design:
+    if DESIGNS.get(design.name, design) is not design:
         raise SelectionError(
-            f"--impl {path}: its name {design.name!r} is taken by a design in this repository; "
+            f"--design {path}: its name {design.name!r} is taken by a design in this repository; "
             "give the outside design another Design(name=...)"
         )
     return design
@@ -129,51 +129,51 @@ def _installed_design(point: importlib.metadata.EntryPoint) -> Design:
         value = point.load()
     except (ImportError, AttributeError) as error:
         raise SelectionError(
-            f"--impl {where}: cannot load it ({error}); fix the entry point or reinstall its package"
+            f"--design {where}: cannot load it ({error}); fix the entry point or reinstall its package"
         ) from None
     design = _as_design(where, value)
     if design.name != point.name:
         raise SelectionError(
-            f"--impl {where}: the Design is named {design.name!r}; name the entry point after its Design"
+            f"--design {where}: the Design is named {design.name!r}; name the entry point after its Design"
         )
     return design
 
 
 def _design_named(name: str, installed: dict[str, importlib.metadata.EntryPoint]) -> Design:
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
     if ":" in name:
         return _design_at(name)
-    if name in IMPLEMENTATIONS:
-        return IMPLEMENTATIONS[name]
+    if name in DESIGNS:
+        return DESIGNS[name]
     if name in installed:
         return _installed_design(installed[name])
     raise SelectionError(
-        f"--impl: unknown design {name!r}; valid names: {', '.join(sorted({*IMPLEMENTATIONS, *installed}))}, "
+        f"--design: unknown design {name!r}; valid names: {', '.join(sorted({*DESIGNS, *installed}))}, "
         "or package.module:ATTR for a design defined elsewhere"
     )
 
 
 def select_designs(spec: str | None) -> list[Design]:
-    """The designs and variants an ``--impl`` value names, in the order named (every registered design with each of
+    """The designs and variants an ``--design`` value names, in the order named (every registered design with each of
     its suite variants when ``spec`` is empty). Raises :class:`SelectionError` naming the fix."""
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
     installed = installed_designs()  # a clash is an error even when nothing installed is selected
     if not spec:
-        return [v for d in IMPLEMENTATIONS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
+        return [v for d in DESIGNS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
     selected, by_name = [], {}
     for part in _split_top_level(spec):
         match = re.fullmatch(r"([\w.]+(?::[\w.]+)?)(?:\[(.*)\])?", part)
         design = _design_named(match.group(1) if match else part, installed)
         if by_name.setdefault(design.name, design) is not design:
-            raise SelectionError(f"--impl: two different designs are named {design.name!r}; rename one")
+            raise SelectionError(f"--design: two different designs are named {design.name!r}; rename one")
         if match and match.group(2) is not None:
             options = dict(kv.split("=", 1) for kv in match.group(2).split(",") if kv)
             try:
                 selected.append(design.variant(**{k.strip(): _parse_value(v) for k, v in options.items()}))
             except TypeError as error:
-                raise SelectionError(f"--impl {part}: {error}") from None
+                raise SelectionError(f"--design {part}: {error}") from None
         else:
             selected.extend([design, *(design.variant(**o) for o in design.suite_variants)])
     # Why: "prefetcher,prefetcher[depth=4]" names depth 4 twice (once among the suite's variants); one test per

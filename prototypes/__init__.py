@@ -1,6 +1,6 @@
 """Competing designs for ``training_step(self, dataloader_iter)`` behind one registry.
 
-``IMPLEMENTATIONS`` maps a design's name to its :class:`~prototypes.common.Design`; ``trainer(**kwargs)`` on an
+``DESIGNS`` maps a design's name to its :class:`~prototypes.common.Design`; ``trainer(**kwargs)`` on an
 entry returns a ``pytorch_lightning.Trainer`` configured for that design. Adding a design is one module in this
 package that defines ``DESIGN`` plus one line in ``_DESIGN_MODULES``.
 """
@@ -18,8 +18,8 @@ _DESIGN_MODULES = (
     "prototypes.callback",
 )
 
-IMPLEMENTATIONS: dict[str, Design] = {
+DESIGNS: dict[str, Design] = {
     design.name: design for design in (importlib.import_module(m).DESIGN for m in _DESIGN_MODULES)
 }
 
-__all__ = ["IMPLEMENTATIONS", "Design"]
+__all__ = ["DESIGNS", "Design"]

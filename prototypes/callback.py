@@ -21,7 +21,7 @@ User code::
     trainer = Trainer(max_epochs=1, callbacks=[DataloaderIterCallback()])
     trainer.fit(Model(), train_dataloaders=loader)
 
-``IMPLEMENTATIONS["callback"].trainer(**kwargs)`` builds exactly that Trainer: a stock ``pytorch_lightning.Trainer``
+``DESIGNS["callback"].trainer(**kwargs)`` builds exactly that Trainer: a stock ``pytorch_lightning.Trainer``
 with the callback appended to the user's callbacks. No mixin, no subclass of anything but ``Callback``.
 
 How it works. A callback cannot reach the training dataloader before Lightning iterates it (a loader passed to

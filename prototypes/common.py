@@ -68,7 +68,7 @@ class Design:
 
     @property
     def id(self) -> str:
-        """``name`` or ``name[key=value,...]``: how reports and ``--impl`` spell this entry."""
+        """``name`` or ``name[key=value,...]``: how reports and ``--design`` spell this entry."""
         if not self.options:
             return self.name
         return f"{self.name}[{','.join(f'{k}={v!r}' for k, v in sorted(self.options.items()))}]"
@@ -78,7 +78,7 @@ class Design:
         return self.make_trainer(trainer_kwargs, **self.options)
 
     def variant(self, **options: Any) -> Design:
-        """The same design with some options changed, e.g. ``IMPLEMENTATIONS["prefetcher"].variant(depth=4)``."""
+        """The same design with some options changed, e.g. ``DESIGNS["prefetcher"].variant(depth=4)``."""
         accepted = list(inspect.signature(self.make_trainer).parameters)[1:]
         unknown = sorted(set(options) - set(accepted))
         if unknown:

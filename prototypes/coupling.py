@@ -209,9 +209,9 @@ def design_module(design) -> str:
 
 
 if __name__ == "__main__":
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
-    for name, design in IMPLEMENTATIONS.items():
+    for name, design in DESIGNS.items():
         found = coupling_of(design_module(design))
         print(f"{name} ({design_module(design)}): {len(found.names)} private Lightning names")
         for where, coupling in (("through the shared modules", found.shared), ("of its own", found.own)):

@@ -9,7 +9,7 @@ User code::
             self.log("loss", loss, batch_size=len(batch))  # upstream needs batch_size=
             return loss
 
-    trainer = IMPLEMENTATIONS["upstream"].trainer(max_epochs=1)
+    trainer = DESIGNS["upstream"].trainer(max_epochs=1)
     trainer.fit(Model(), train_dataloaders=loader)
 
 Lightning selects its ``_DataLoaderIterDataFetcher`` when the step has a parameter named ``dataloader_iter``.

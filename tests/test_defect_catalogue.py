@@ -30,7 +30,7 @@ def run_defect(pytester: pytest.Pytester, defect: Defect, results: Path) -> dict
     """Run the defect's tests against the broken design; what ran, in which clauses, and which tests failed."""
     with defect.applied() as design:
         outcome = pytester.runpytest(
-            "-p", "no:cacheprovider", "--impl", design.name, "--results", str(results),
+            "-p", "no:cacheprovider", "--design", design.name, "--results", str(results),
             *(("-k", defect.select) if defect.select else ()),
             *(str(SUITE / test) for test in defect.tests),
         )

@@ -23,7 +23,7 @@ import tomllib
 
 import harness_common
 import prototypes
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.batch_processor.training import IteratorTrainingEpochLoop
 from prototypes.common import Design
 from tests.conformance import plugin
@@ -53,11 +53,11 @@ class DroppingTrainer(pl.Trainer):
 def registered(name: str, summary: str, make_trainer) -> Iterator[Design]:
     """A deliberately broken toy design, in the registry for one test."""
     design = Design(name=name, summary=f"{summary} (a deliberately broken toy)", make_trainer=make_trainer)
-    IMPLEMENTATIONS[design.name] = design
+    DESIGNS[design.name] = design
     try:
         yield design
     finally:
-        del IMPLEMENTATIONS[design.name]
+        del DESIGNS[design.name]
 
 
 def outcomes_by_clause(results: Path) -> dict[str, set[str]]:
@@ -88,7 +88,7 @@ def printed(text: str, outcome: pytest.RunResult) -> bool:
 def test_broken_toy_design_fails_the_clauses_it_breaks(pytester, toy_design, tmp_path):
     results = tmp_path / "results.json"
     outcome = run_suite(
-        pytester, "--impl", toy_design.name, "--results", str(results),
+        pytester, "--design", toy_design.name, "--results", str(results),
         "-k", "test_fixed_patterns or test_parameter_named_dataloader_iter",
     )
     assert outcome.ret == pytest.ExitCode.TESTS_FAILED
@@ -102,7 +102,7 @@ class _NeverDrains(IteratorTrainingEpochLoop):
 
 
 def _never_draining_trainer(trainer_kwargs) -> pl.Trainer:
-    trainer = IMPLEMENTATIONS["batch_processor"].trainer(**trainer_kwargs)
+    trainer = DESIGNS["batch_processor"].trainer(**trainer_kwargs)
     trainer.fit_loop.epoch_loop.__class__ = _NeverDrains
     return trainer
 
@@ -113,7 +113,7 @@ def test_design_that_never_drains_fails_c17_only(pytester, tmp_path):
     results = tmp_path / "results.json"
     with registered("toy_never_drains", "batch_processor without drain calls", _never_draining_trainer) as design:
         outcome = run_suite(
-            pytester, "--impl", design.name, "--results", str(results),
+            pytester, "--design", design.name, "--results", str(results),
             "-k", "(test_pipelining_step and sized-w0) or test_simple_step_needs_no_guard or test_fixed_patterns",
         )
     assert outcome.ret == pytest.ExitCode.TESTS_FAILED
@@ -121,16 +121,22 @@ def test_design_that_never_drains_fails_c17_only(pytester, tmp_path):
 
 
 def test_unknown_design_is_an_error_listing_the_valid_names(pytester):
-    outcome = run_suite(pytester, "--impl", "no_such_design", "--collect-only")
+    outcome = run_suite(pytester, "--design", "no_such_design", "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     outcome.stderr.fnmatch_lines(["*unknown design 'no_such_design'; valid names: *upstream*"])
 
 
+def test_the_old_option_name_still_selects_designs(pytester):
+    outcome = run_suite(pytester, "--impl", "no_such_design", "--collect-only")
+    assert outcome.ret == pytest.ExitCode.USAGE_ERROR
+    outcome.stderr.fnmatch_lines(["*unknown design 'no_such_design'*"])
+
+
 def test_a_variant_named_twice_is_checked_once():
-    # "prefetcher" already brings its suite variants, depth 4 among them
-    ids = [design.id for design in plugin.select_designs("prefetcher,prefetcher[depth=4],upstream")]
+    # "prefetcher" already brings its suite variants, depth 2 among them
+    ids = [design.id for design in plugin.select_designs("prefetcher,prefetcher[depth=2],upstream")]
     assert len(ids) == len(set(ids))
-    assert ids[-1] == "upstream" and "prefetcher[depth=4]" in ids
+    assert ids[-1] == "upstream" and "prefetcher[depth=2]" in ids
 
 
 @pytest.fixture
@@ -143,7 +149,7 @@ def test_expected_failure_matching_no_test_is_an_error(pytester, toy_design, exp
     (expected_failures_dir / "toy_dropping.txt").write_text(
         "[gaps]\nstale: a stale entry\n[expected failures]\nstale\n    test_c02_items.py::test_no_such_test[sized]\n"
     )
-    outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_c02", "--collect-only")
+    outcome = run_suite(pytester, "--design", toy_design.name, "-k", "test_c02", "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     outcome.stderr.fnmatch_lines(["*match no test*", "*toy_dropping.txt:5: test_c02_items.py::test_no_such_test*"])
 
@@ -153,7 +159,7 @@ def test_a_malformed_expected_failure_file_stops_the_run_naming_the_line(pyteste
         "[gaps]\n[expected failures]\n"
         "    test_c01_selection.py::test_parameter_named_dataloader_iter_receives_an_iterator\n"
     )
-    outcome = run_suite(pytester, "--impl", toy_design.name, "--collect-only")
+    outcome = run_suite(pytester, "--design", toy_design.name, "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     outcome.stderr.fnmatch_lines(["*toy_dropping.txt:3: *names no gap*"])
 
@@ -177,7 +183,7 @@ def test_expected_failure_that_passes_fails_the_run(pytester, toy_design, expect
         f"{SUITE}/test_c03_exactly_once.py::test_fixed_patterns_receive_the_loader_sequence_every_epoch",
     )
     results = tmp_path / "results.json"
-    outcome = run_suite(pytester, "--impl", toy_design.name, "-k", "test_parameter_named or (sized and not unsized)",
+    outcome = run_suite(pytester, "--design", toy_design.name, "-k", "test_parameter_named or (sized and not unsized)",
                         "--results", str(results), targets=targets)
     outcome.assert_outcomes(failed=1, xfailed=5)
     outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
@@ -201,7 +207,7 @@ def test_ctrl_c_cases_pass_when_pytest_starts_with_sigint_ignored():
     )
     assert inherited.stdout.strip() == "True", "the child did not start with SIGINT ignored"
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--impl", "upstream",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--design", "upstream",
          f"{SUITE}/test_c13_interrupts.py", "-k", "ctrl_c or keyboard_interrupt"],
         preexec_fn=_ignoring_sigint, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=280,
         cwd=Path(__file__).resolve().parent.parent,
@@ -227,7 +233,7 @@ def registry_with(modules_assignment: str) -> dict:
     source.body[targets[0]] = replacement[0]
     namespace = {"__name__": "prototypes"}
     exec(compile(source, prototypes.__file__, "exec"), namespace)
-    return namespace["IMPLEMENTATIONS"]
+    return namespace["DESIGNS"]
 
 
 @pytest.fixture
@@ -240,7 +246,7 @@ def in_repository_design(tmp_path, monkeypatch):
     monkeypatch.setattr(prototypes, "__path__", [*prototypes.__path__, str(tmp_path / "prototypes")])
     try:
         registry = registry_with(files["prototypes/__init__.py"])
-        monkeypatch.setattr(prototypes, "IMPLEMENTATIONS", registry)
+        monkeypatch.setattr(prototypes, "DESIGNS", registry)
         yield registry["my_design"]
     finally:
         sys.modules.pop("prototypes.my_design", None)
@@ -257,7 +263,7 @@ def _variants(results: Path) -> dict[str, set[str]]:
 @pytest.mark.timeout(300)
 def test_the_guides_in_repository_design_is_registered_and_checked(pytester, in_repository_design, tmp_path):
     results = tmp_path / "results.json"
-    outcome = run_suite(pytester, "--impl", "my_design", "--results", str(results), "-k", "test_batch_idx_restarts")
+    outcome = run_suite(pytester, "--design", "my_design", "--results", str(results), "-k", "test_batch_idx_restarts")
     assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
     design = in_repository_design
     expected = {design.variant(**options).id for options in (design.options, *design.suite_variants)}
@@ -302,9 +308,9 @@ def installed(site):
 
 @pytest.mark.timeout(300)
 def test_a_design_outside_the_repository_runs_by_module_path(pytester, site, tmp_path):
-    assert f"--impl {OUTSIDE}" in GUIDE.read_text()
+    assert f"--design {OUTSIDE}" in GUIDE.read_text()
     results = tmp_path / "results.json"
-    outcome = run_suite(pytester, "--impl", OUTSIDE, "--results", str(results), "-k", "test_batch_idx_restarts")
+    outcome = run_suite(pytester, "--design", OUTSIDE, "--results", str(results), "-k", "test_batch_idx_restarts")
     assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
     outcome.stdout.fnmatch_lines(["*conformance matrix*", "*mine*", "C2 Items *2", "all clauses *2"])
     assert printed("mine stock Lightning, defined outside the repository that holds the suite", outcome)
@@ -315,7 +321,7 @@ def test_a_design_outside_the_repository_runs_by_module_path(pytester, site, tmp
 @pytest.mark.timeout(300)
 def test_an_installed_design_runs_by_its_entry_point_name_and_only_when_named(pytester, installed, tmp_path):
     results = tmp_path / "results.json"
-    outcome = run_suite(pytester, "--impl", "mine", "--results", str(results), "-k", "test_batch_idx_restarts")
+    outcome = run_suite(pytester, "--design", "mine", "--results", str(results), "-k", "test_batch_idx_restarts")
     assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
     assert _variants(results) == {"mine": {"passed"}}
     plain = run_suite(pytester, "-k", "test_batch_idx_restarts", "--collect-only", "-q")
@@ -330,12 +336,12 @@ def test_an_outside_designs_expected_failures_are_read_from_its_directory_and_st
         "[gaps]\nclaimed: claimed broken\n[expected failures]\nclaimed\n"
         "    test_c02_items.py::test_batch_idx_restarts_from_zero_each_epoch[sized]\n"
     )
-    outcome = run_suite(pytester, "--impl", OUTSIDE, "--expected-failures", str(own), "-k", "test_batch_idx_restarts")
+    outcome = run_suite(pytester, "--design", OUTSIDE, "--expected-failures", str(own), "-k", "test_batch_idx_restarts")
     outcome.assert_outcomes(passed=1, failed=1)
     outcome.stdout.fnmatch_lines(["*XPASS(strict)*claimed broken*"])
     (own / "mine.txt").write_text("[gaps]\nstale: stale\n[expected failures]\nstale\n"
                                   "    test_c02_items.py::test_no_such_test[sized]\n")
-    stale = run_suite(pytester, "--impl", OUTSIDE, "--expected-failures", str(own), "--collect-only")
+    stale = run_suite(pytester, "--design", OUTSIDE, "--expected-failures", str(own), "--collect-only")
     assert stale.ret == pytest.ExitCode.USAGE_ERROR
     stale.stderr.fnmatch_lines([f"*{own / 'mine.txt'}:5: test_c02_items.py::test_no_such_test*"])
 
@@ -353,7 +359,7 @@ IMPOSTOR = 'from prototypes.common import Design\nDESIGN = Design(name={name!r},
         (f"{OUTSIDE},mypkg.mine:DESIGN", {}, "*two different designs are named 'mine'; rename one"),
         ("no_such_design", {"other": OUTSIDE}, "*unknown design 'no_such_design'; valid names: *other*upstream*"),
         ("other", {"other": OUTSIDE}, "*the Design is named 'mine'; name the entry point after its Design"),
-        ("broken", {"broken": "mypkg.missing:DESIGN"}, "*--impl broken (entry point *cannot load it*"),
+        ("broken", {"broken": "mypkg.missing:DESIGN"}, "*--design broken (entry point *cannot load it*"),
         ("", {"upstream": "mypkg.upstream:DESIGN"}, "*take the names of designs in this repository (upstream = *"),
     ],
     ids=["unimportable", "missing-attribute", "not-a-design", "registered-name", "two-named-alike",
@@ -363,7 +369,7 @@ def test_a_bad_outside_design_is_an_error_naming_the_fix(pytester, site, impl, e
     for name in ("upstream", "mine"):
         (site / "mypkg" / f"{name}.py").write_text(IMPOSTOR.format(name=name))
     install_entry_points(site, {harness_common.ENTRY_POINT_GROUP: entry_points})
-    outcome = run_suite(pytester, *(["--impl", impl] if impl else []), "--collect-only")
+    outcome = run_suite(pytester, *(["--design", impl] if impl else []), "--collect-only")
     assert outcome.ret == pytest.ExitCode.USAGE_ERROR
     outcome.stderr.fnmatch_lines([error])
 
@@ -378,7 +384,7 @@ def test_a_missing_expected_failures_directory_is_an_error(pytester, tmp_path):
 def test_a_run_where_no_conformance_test_ran_prints_no_matrix(pytester):
     # pytest --benchmark-only skips every conformance test: nothing ran, so there is no matrix to show
     c01 = str(SUITE / "test_c01_selection.py")
-    skipped = run_suite(pytester, "--impl", "upstream", "--benchmark-only", targets=(c01,))
+    skipped = run_suite(pytester, "--design", "upstream", "--benchmark-only", targets=(c01,))
     assert skipped.ret == pytest.ExitCode.OK
     counts = skipped.parseoutcomes()
     assert set(counts) == {"skipped"} and counts["skipped"] > 0
@@ -391,7 +397,7 @@ def test_a_run_where_no_conformance_test_ran_prints_no_matrix(pytester):
 
 
 def test_a_subset_prints_only_the_clauses_and_designs_that_ran(pytester):
-    outcome = run_suite(pytester, "--impl", "upstream,callback", "-k", "test_batch_idx_restarts and upstream")
+    outcome = run_suite(pytester, "--design", "upstream,callback", "-k", "test_batch_idx_restarts and upstream")
     assert outcome.ret == pytest.ExitCode.OK, outcome.stdout.str()[-3000:]
     matrix = outcome.stdout.str().split("conformance matrix")[1]
     rows = [line.split()[0] for line in matrix.splitlines() if re.match(r"C\d+ |all clauses", line)]
@@ -405,7 +411,7 @@ def test_failed_cells_are_red_unless_no_color_is_set(pytester, toy_design, monke
     monkeypatch.delenv("PY_COLORS", raising=False)
     c03 = SUITE / "test_c03_exactly_once.py"
     fixed_patterns = f"{c03}::test_fixed_patterns_receive_the_loader_sequence_every_epoch"
-    args = ("--impl", toy_design.name, "-k", "not unsized")
+    args = ("--design", toy_design.name, "-k", "not unsized")
     coloured = run_suite(pytester, *args, targets=(fixed_patterns,))
     assert coloured.ret == pytest.ExitCode.TESTS_FAILED
     red_bold = re.compile(r"\x1b\[31m\x1b\[1m *\d+ F\d+")  # the writer's markup for red=True, bold=True

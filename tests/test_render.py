@@ -510,13 +510,13 @@ def test_the_rendered_thread_decision_and_the_code_default_agree():
     from rendering.decision import RECOMMENDED, thread_decision
     from rendering.results import load_inputs
 
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
     rfc_dir = RENDER.parent
     inputs = load_inputs(rfc_dir, rfc_dir / "results", rfc_dir / "generated", "python rfc/render.py")
     thread_by_default, why = thread_decision(inputs.benchmarks)
     assert why, "no committed results judge the thread (targets S1-alternatives, S6-alternatives)"
-    design = IMPLEMENTATIONS[RECOMMENDED]
+    design = DESIGNS[RECOMMENDED]
     assert design.thread_options, f"{RECOMMENDED} declares no thread_options for the decision to judge"
     ships_the_thread = dict(design.options) == dict(design.thread_options)
     assert ships_the_thread == thread_by_default, (
@@ -529,7 +529,7 @@ def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_de
     runs by default; the standing table has one line per registered design, none for a results-only entry."""
     from rendering.decision import RECOMMENDED
 
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
     (rfc / "first.md").write_text("<!-- BEGIN GENERATED: decisions -->\n<!-- END GENERATED: decisions -->\n\n"
                                   "<!-- BEGIN GENERATED: standing -->\n<!-- END GENERATED: standing -->\n")
@@ -538,12 +538,12 @@ def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_de
     write_results(rfc, conformance(), bench)
     assert run(rfc).returncode == 0
     text = (rfc / "first.md").read_text()
-    design = IMPLEMENTATIONS[RECOMMENDED]
+    design = DESIGNS[RECOMMENDED]
     assert f"`{RECOMMENDED}` ships as `{design.id}`" in text
     thread_on = dict(design.options) == dict(design.thread_options)
     assert f"In the code: the thread is {'on' if thread_on else 'off'} by default." in text
     rows = [line for line in text.splitlines() if line.startswith("| `")]
-    assert [row.split("`")[1] for row in rows] == list(IMPLEMENTATIONS)
+    assert [row.split("`")[1] for row in rows] == list(DESIGNS)
     assert "every_rank_has_a_batch" not in text and "alpha" not in text.split("| Design")[1]
 
 
@@ -551,7 +551,7 @@ def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(r
     """What a design page says about the code and the results is rendered: its user code is its module docstring's
     example, the suite's variants its registry entry's, its clauses and expected failures the results'."""
     import prototypes.batch_processor
-    from prototypes import IMPLEMENTATIONS
+    from prototypes import DESIGNS
 
     names = ["user-code-batch_processor", "suite-variants-prefetcher", "conformance-batch_processor",
              "end-rule-runs"]
@@ -567,7 +567,7 @@ def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(r
     text = (rfc / "design.md").read_text()
     example = prototypes.batch_processor.__doc__.split("User code::\n\n")[1].split("\n\n    trainer")[0]
     assert example.replace("\n    ", "\n").strip() in text
-    prefetcher = IMPLEMENTATIONS["prefetcher"]
+    prefetcher = DESIGNS["prefetcher"]
     assert f"The conformance suite runs `{prefetcher.id}` (the registered default)" in text
     assert all(f"`{prefetcher.variant(**options).id}`" in text for options in prefetcher.suite_variants)
     assert "`batch_processor` meets 1 of 2 clauses in every variant (not C14)" in text and "C14 ×2" in text

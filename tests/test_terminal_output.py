@@ -116,7 +116,7 @@ def test_only_what_ran_is_shown_and_nothing_when_nothing_ran():
 
 
 def test_the_header_names_the_designs_the_versions_and_the_commit(pytester):
-    outcome = run_suite(pytester, "--impl", "upstream,prefetcher[depth=4]", "--collect-only")
+    outcome = run_suite(pytester, "--design", "upstream,prefetcher[depth=4]", "--collect-only")
     outcome.stdout.fnmatch_lines([
         "conformance designs: upstream, prefetcher[depth=4]",
         "python *, torch *, pytorch-lightning *, torchdata *, torchrec *",
@@ -134,7 +134,7 @@ class WarningTrainer(pl.Trainer):
 def test_a_warning_the_suite_did_not_expect_still_reaches_the_summary(pytester):
     # The suite silences the Lightning warnings it provokes on purpose where it provokes them: anything else shows.
     with registered("toy_warning", "stock Lightning that warns in every fit", lambda kwargs: WarningTrainer(**kwargs)):
-        outcome = run_suite(pytester, "--impl", "toy_warning", "-k", "test_batch_idx_restarts",
+        outcome = run_suite(pytester, "--design", "toy_warning", "-k", "test_batch_idx_restarts",
                             targets=(str(SUITE / "test_c02_items.py"),))
     outcome.assert_outcomes(passed=2, warnings=2)
     outcome.stdout.fnmatch_lines(["*warnings summary*", "*UserWarning: the toy design warns where the suite expects*"])

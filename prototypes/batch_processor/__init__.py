@@ -16,7 +16,7 @@ User code::
             batch, batch_idx, dataloader_idx = next(dataloader_iter)  # one call, one dataloader
             ...
 
-    trainer = IMPLEMENTATIONS["batch_processor"].trainer(max_epochs=1, accumulate_grad_batches=2)
+    trainer = DESIGNS["batch_processor"].trainer(max_epochs=1, accumulate_grad_batches=2)
     trainer.fit(Model(), train_dataloaders=loader)
 
 ``trainer()`` builds a stock Trainer and installs this module's loops: :class:`IteratorFitLoop` with

@@ -12,8 +12,8 @@ User code::
         def validation_step(self, dataloader_iter):  # also test_step, predict_step: one call, one dataloader
             batch, batch_idx, dataloader_idx = next(dataloader_iter)  # StopIteration at this dataloader's end
 
-    trainer = IMPLEMENTATIONS["prefetcher"].trainer(max_epochs=1)                       # depth=0: no thread
-    trainer = IMPLEMENTATIONS["prefetcher"].variant(depth="auto").trainer(max_epochs=1)  # opt in to the thread
+    trainer = DESIGNS["prefetcher"].trainer(max_epochs=1)                       # depth=0: no thread
+    trainer = DESIGNS["prefetcher"].variant(depth="auto").trainer(max_epochs=1)  # opt in to the thread
     trainer.fit(Model(), train_dataloaders=loader)
 
 Options: ``depth`` is the most batches produced ahead of the step. The default, ``0``, produces each batch on the
@@ -71,7 +71,7 @@ DESIGN = Design(
     # Why these: the default (no thread), the opt-in thread that may switch itself off ("auto") and a thread
     # through the whole run (2) take every path the contract sees; depths 1 and 4 change only how many batches wait
     # in the queue, which the design's own tests run at every depth (tests/designs/test_prefetcher.py), and
-    # `--impl 'prefetcher[depth=4]'` checks one in the suite. Two fewer variants keep the default suite well under
+    # `--design 'prefetcher[depth=4]'` checks one in the suite. Two fewer variants keep the default suite well under
     # 20 minutes on two cores.
     suite_variants=({"depth": AUTO}, {"depth": 2}),
     prefetch_depth_option="depth",

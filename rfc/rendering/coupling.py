@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.coupling import KINDS, coupling_of, design_module
 from rendering.markdown import code
 from rendering.results import Inputs
@@ -21,7 +21,7 @@ def coupling_block(design: str):
     imports apart from its own, by kind."""
 
     def block(inputs: Inputs, page_dir: Path) -> str:
-        module = design_module(IMPLEMENTATIONS[design])
+        module = design_module(DESIGNS[design])
         found = coupling_of(module)
         split = (f": {len(found.shared.names)} through the shared modules it imports, {len(found.own.names)} of its own"
                  if found.names else "")
@@ -43,8 +43,8 @@ def coupling_block(design: str):
 def private_names_used(design: str) -> str:
     """The comparison's coupling column: how many private Lightning names a registered design uses, and how many of
     them through the shared modules."""
-    found = coupling_of(design_module(IMPLEMENTATIONS[design]))
+    found = coupling_of(design_module(DESIGNS[design]))
     return f"{len(found.names)} ({len(found.shared.names)} shared)" if found.shared.names else str(len(found.names))
 
 
-COUPLING_BLOCKS = {f"coupling-{name}": coupling_block(name) for name in IMPLEMENTATIONS}
+COUPLING_BLOCKS = {f"coupling-{name}": coupling_block(name) for name in DESIGNS}

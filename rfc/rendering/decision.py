@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from rendering.benchmarks import verdict_of, with_interval
 from rendering.markdown import cell, code, no_results
 from rendering.results import BENCHMARK_COMMAND, Inputs
@@ -61,14 +61,14 @@ def thread_decision(benchmarks: dict[str, dict[str, Any]]) -> tuple[bool, list[s
 
 
 def thread_id() -> str:
-    """How results and ``--impl`` spell the recommended design with its opt-in thread (``thread_options``)."""
-    design = IMPLEMENTATIONS[RECOMMENDED]
+    """How results and ``--design`` spell the recommended design with its opt-in thread (``thread_options``)."""
+    design = DESIGNS[RECOMMENDED]
     return design.variant(**design.thread_options).id
 
 
 def thread_on_by_default() -> bool:
     """Whether the recommended design's registered options are those of its thread: what the code ships."""
-    design = IMPLEMENTATIONS[RECOMMENDED]
+    design = DESIGNS[RECOMMENDED]
     return bool(design.thread_options) and dict(design.options) == dict(design.thread_options)
 
 
@@ -100,7 +100,7 @@ def block_decision(inputs: Inputs, page_dir: Path) -> str:
     else:
         head = ("**Decision 2: the prefetch thread is opt-in, not the default.** The measurements do not show it "
                 "beating the simpler design plus what users already use at every point.")
-        then = (f"So the contract ships without a thread by default ({code(IMPLEMENTATIONS[RECOMMENDED].id)}: "
+        then = (f"So the contract ships without a thread by default ({code(DESIGNS[RECOMMENDED].id)}: "
                 "batches loaded on the step's thread when it asks for them), and the thread is an option "
                 f"({code(thread_id())}) for the workloads where the rows above show it faster.")
     return "\n\n".join([head, rule, "\n".join(lines), then])

@@ -1,7 +1,7 @@
 """Blocks for sentences that restate the code or the results: the decisions on a page's first screen, what a design
 ships, its user code, the variants the suite runs, the clauses it meets, and the size of the runs a rule rests on.
 
-Each is rendered from the registry (``prototypes.IMPLEMENTATIONS``), a design module's docstring or the committed
+Each is rendered from the registry (``prototypes.DESIGNS``), a design module's docstring or the committed
 results, so that ``python rfc/render.py --check`` fails when the prose and its source part.
 """
 
@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.coupling import design_module
 from rendering.conformance import MATRIX_PAGE, reasons_anchor
 from rendering.decision import RECOMMENDED, thread_decision, thread_id, thread_on_by_default, thread_points
@@ -28,7 +28,7 @@ END_RULE_CLAUSES = ("C5", "C14", "C17")
 
 def shipping_sentence(name: str) -> str:
     """What a design ships: its registered configuration, and whether a prefetch thread runs by default."""
-    design = IMPLEMENTATIONS[name]
+    design = DESIGNS[name]
     text = f"{code(name)} ships as {code(design.id)}" + (
         f" ({code(f'options={dict(design.options)!r}')})" if design.options else " (no options)")
     if not design.thread_options:
@@ -46,7 +46,7 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
              f"{code(RECOMMENDED)} design does. {shipping_sentence(RECOMMENDED)}.", ""]
     if inputs.conformance:
         found = stance(inputs.conformance, RECOMMENDED)
-        others = {n: stance(inputs.conformance, n) for n in IMPLEMENTATIONS if n != RECOMMENDED}
+        others = {n: stance(inputs.conformance, n) for n in DESIGNS if n != RECOMMENDED}
         ranked = sorted(((len(s.met), n) for n, s in others.items() if s), reverse=True)
         runner_up = f"; next, {code(ranked[0][1])}: {ranked[0][0]}" if ranked else ""
         figure = (f"{code(RECOMMENDED)} meets {len(found.met)} of {len(found.tested)} clauses in every variant the "
@@ -72,7 +72,7 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
 
 def user_code(name: str) -> str:
     """The ``User code::`` example of a design module's docstring, as a Python code block."""
-    module = importlib.import_module(design_module(IMPLEMENTATIONS[name]))
+    module = importlib.import_module(design_module(DESIGNS[name]))
     match = USER_CODE_RE.search(module.__doc__ or "")
     if not match:
         raise ValueError(f"{module.__name__}: its docstring has no 'User code::' example for the design page")
@@ -82,7 +82,7 @@ def user_code(name: str) -> str:
 
 def suite_variants(name: str) -> str:
     """The configurations the conformance suite runs for a design by default: its options, then ``suite_variants``."""
-    design = IMPLEMENTATIONS[name]
+    design = DESIGNS[name]
     ids = [design.id] + [design.variant(**options).id for options in design.suite_variants]
     text = f"The conformance suite runs {code(ids[0])} (the registered default)"
     if len(ids) > 1:
@@ -136,7 +136,7 @@ def block_end_rule_runs(inputs: Inputs, page_dir: Path) -> str:
 
 def _per_design(make: Callable[[Inputs, Path, str], str], doc: str) -> dict[str, Callable[[Inputs, Path], str]]:
     blocks = {}
-    for name in IMPLEMENTATIONS:
+    for name in DESIGNS:
         def block(inputs: Inputs, page_dir: Path, name: str = name) -> str:
             return make(inputs, page_dir, name)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from rendering.benchmarks import VERDICT_TEXT, verdict_of
 from rendering.conformance import conformance_parts
 from rendering.coupling import private_names_used
@@ -91,7 +91,7 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
     headers.append("private Lightning names used")
 
     rows = []
-    for name in IMPLEMENTATIONS:
+    for name in DESIGNS:
         row = [code(name)]
         if inputs.conformance:
             found = stance(inputs.conformance, name)

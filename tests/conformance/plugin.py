@@ -1,11 +1,11 @@
 """The conformance harness as a pytest plugin (loaded with ``-p tests.conformance.plugin`` from pyproject).
 
-- ``--impl NAME[,NAME]`` selects designs (default: every registered design with each of its suite variants;
-  ``--impl 'prefetcher[depth=4]'`` selects one variant). Conformance tests take a ``design`` argument and are
+- ``--design NAME[,NAME]`` selects designs (default: every registered design with each of its suite variants;
+  ``--design 'prefetcher[depth=4]'`` selects one variant). Conformance tests take a ``design`` argument and are
   parametrized over the selection.
-- A design defined outside this repository is selected by where it lives, ``--impl package.module:ATTR`` (variants
+- A design defined outside this repository is selected by where it lives, ``--design package.module:ATTR`` (variants
   too: ``'package.module:ATTR[depth=4]'``), or by name when its package declares it in the ``dataloader_iter_designs``
-  entry-point group. Installed designs run only when ``--impl`` names them: the default run is this repository's
+  entry-point group. Installed designs run only when ``--design`` names them: the default run is this repository's
   designs, whatever else is installed. A name taken by a registered design is an error.
 - Every conformance test carries ``@pytest.mark.clause("Cn")``; results aggregate per clause.
 - ``expected_failures/<design>.txt`` names, per design, each gap once and under it the test ids
@@ -67,7 +67,8 @@ CLAUSES = {
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("conformance")
     group.addoption(
-        "--impl", default=None,
+        # `--impl`, the option's name until the registry was named for designs, is kept as an alias for a release
+        "--design", "--impl", dest="design", default=None,
         help="designs to check: NAME or package.module:ATTR, comma-separated, e.g. upstream,'prefetcher[depth=4]'",
     )
     group.addoption(
@@ -96,7 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--expected-failures {extra_dir}: no such directory; name the one that holds <design>.txt"
         )
-    state = _State(designs=select_designs(config.getoption("--impl")), extra_dir=extra_dir)
+    state = _State(designs=select_designs(config.getoption("design")), extra_dir=extra_dir)
     config.stash[_STATE] = state
     config.pluginmanager.register(state, "conformance-outcomes")
 
@@ -118,7 +119,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def selected_designs(config: pytest.Config) -> list[Design]:
-    """The designs (and variants) this run checks, in ``--impl`` order: for tests that compare designs."""
+    """The designs (and variants) this run checks, in ``--design`` order: for tests that compare designs."""
     return list(config.stash[_STATE].designs)
 
 

@@ -22,7 +22,7 @@ from pytorch_lightning.profilers import AdvancedProfiler, PyTorchProfiler, Simpl
 from torch.profiler import ProfilerAction
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from tests.conformance.ddp import (
     SHARED_ITEMS,
     received_batches,
@@ -130,7 +130,7 @@ def test_trainer_pickles_and_copies_before_and_after_fit(design, flavour, profil
 def _spawned_flavours(design) -> list[str]:
     """Both modules for a design with its default options; the flavour module alone for its other variants. Why: a
     launch costs 5-10 s, and a regular module's path does not read the design's options (it is stock Lightning's)."""
-    base = IMPLEMENTATIONS.get(design.name)
+    base = DESIGNS.get(design.name)
     return list(FLAVOURS) if base is None or dict(base.options) == dict(design.options) else ["dataloader_iter"]
 
 

@@ -25,7 +25,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 
 pytestmark = pytest.mark.skipif(
     sys.implementation.name != "cpython" or sys.version_info < (3, 11),
@@ -103,7 +103,7 @@ def test_the_check_sees_a_real_dict() -> None:
 def _layouts(design: str, module_type: type, root: str) -> dict[str, bool]:
     """Whether each per-batch object of a fit under ``design`` keeps a real dict (``_LayoutsMidEpoch``)."""
     layouts = _LayoutsMidEpoch()
-    trainer = IMPLEMENTATIONS[design].trainer(
+    trainer = DESIGNS[design].trainer(
         max_epochs=2, limit_train_batches=6, limit_val_batches=3, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[layouts],
         default_root_dir=root,
@@ -124,7 +124,7 @@ def _stock_layouts(module_type: type) -> dict[str, bool]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("module_type", [_Regular, _Pulling], ids=["regular", "dataloader_iter"])
-@pytest.mark.parametrize("design", sorted(IMPLEMENTATIONS))
+@pytest.mark.parametrize("design", sorted(DESIGNS))
 def test_per_batch_objects_keep_inline_attributes(design: str, module_type: type, tmp_path) -> None:
     """Every object keeps the layout stock Lightning's keeps (its evaluation loop, with more than 29 attributes, has a
     real dict already)."""

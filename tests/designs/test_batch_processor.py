@@ -15,7 +15,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.batch_processor.evaluation import IteratorEvaluationLoop, IteratorPredictionLoop
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator
 from prototypes.batch_processor.training import IteratorFitLoop, IteratorTrainingEpochLoop
@@ -31,7 +31,7 @@ from tests.conformance.harness import (
     split_by_pattern,
 )
 
-DESIGN = IMPLEMENTATIONS["batch_processor"]
+DESIGN = DESIGNS["batch_processor"]
 
 
 def trainer(**overrides):

@@ -7,17 +7,17 @@ import textwrap
 
 import pytest
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.coupling import Use, coupling_of, design_module, lightning_private_names, private_uses_in_source
 
 
 def test_the_public_api_designs_use_no_private_name():
     for name in ("upstream", "callback"):
-        assert coupling_of(design_module(IMPLEMENTATIONS[name])).names == (), name
+        assert coupling_of(design_module(DESIGNS[name])).names == (), name
 
 
 def test_the_loop_changing_designs_are_coupled_through_their_shared_module():
-    found = {name: coupling_of(design_module(IMPLEMENTATIONS[name])) for name in ("batch_processor", "prefetcher")}
+    found = {name: coupling_of(design_module(DESIGNS[name])) for name in ("batch_processor", "prefetcher")}
     for name, coupling in found.items():
         assert "pytorch_lightning.loops.training_epoch_loop._TrainingEpochLoop" in coupling.shared.imported, name
         assert "_should_check_val_fx" in coupling.shared.overridden, name  # in prototypes.lightning_changes

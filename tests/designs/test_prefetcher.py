@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.prefetcher import prefetch_thread
 from prototypes.prefetcher.prefetch_thread import AUTO, PrefetchThread
 from tests.conformance.harness import (
@@ -29,7 +29,7 @@ from tests.conformance.harness import (
     make_trainer,
 )
 
-PREFETCHER = IMPLEMENTATIONS["prefetcher"]
+PREFETCHER = DESIGNS["prefetcher"]
 DEPTHS = [0, 1, 2, 4, AUTO]
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-from prototypes import IMPLEMENTATIONS
+from prototypes import DESIGNS
 from prototypes.common import Design
 
 
@@ -33,7 +33,7 @@ class Defect:
     @contextlib.contextmanager
     def applied(self) -> Iterator[Design]:
         """The broken design, registered as ``defect_<name>`` and patched until the block ends."""
-        base = IMPLEMENTATIONS[self.design].variant(**self.options)
+        base = DESIGNS[self.design].variant(**self.options)
         design = Design(
             name=self.design_name,
             summary=f"{base.id} that {self.what}",
@@ -41,9 +41,9 @@ class Defect:
             options=base.options,
         )
         owner, attribute = self.patches
-        IMPLEMENTATIONS[design.name] = design
+        DESIGNS[design.name] = design
         try:
             with mock.patch.object(owner, attribute, self.broken(getattr(owner, attribute))):
                 yield design
         finally:
-            del IMPLEMENTATIONS[design.name]
+            del DESIGNS[design.name]
