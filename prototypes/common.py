@@ -40,9 +40,9 @@ class Design:
 
     What the benchmarks judge a design by, declared here rather than inferred from its name:
     ``prefetch_depth_option`` names the option that sets how many batches it loads ahead of the step (None: it
-    does not prefetch; S4 runs it at each depth and the S1 target applies to it). ``promised_s1_efficiency``
-    (S1 point such as ``"L=C"`` -> efficiency) and ``promised_s4_efficiency_at_depth`` (depth -> efficiency) are
-    floors it promises, asserted in measure mode.
+    does not prefetch; S4 runs it at each depth, and the overlap targets of S1 and S6 judge its ``thread_options``,
+    or its default where it declares none). ``promised_s1_efficiency`` (S1 point such as ``"L=C"`` -> efficiency)
+    and ``promised_s4_efficiency_at_depth`` (depth -> efficiency) are floors it promises, asserted in measure mode.
 
     ``thread_options`` are the options that give the design a prefetch thread when ``options`` (what ships) run
     without one: the configuration the overlap targets (S1, S6) and the RFC's thread decision judge. The decision

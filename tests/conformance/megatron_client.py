@@ -14,6 +14,7 @@ One stand-in, on the CPU only (``cpu_token_counter``): the schedule allocates it
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,16 +23,21 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.enums import ModelType
-from megatron.core.pipeline_parallel import get_forward_backward_func
-from megatron.core.pipeline_parallel import schedules as megatron_schedules
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from megatron.core.transformer import TransformerConfig
-from megatron.core.transformer.module import MegatronModule
 from torch.utils.data import DataLoader
 
 from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, ids
+
+with warnings.catch_warnings():
+    # megatron-core's notice on import that NVIDIA's Transformer Engine and Apex are missing, so it runs torch's own
+    # implementations: the CPU path under test, not a finding
+    warnings.filterwarnings("ignore", "Transformer Engine and Apex are not installed", UserWarning)
+    from megatron.core import parallel_state
+    from megatron.core.enums import ModelType
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel import schedules as megatron_schedules
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.module import MegatronModule
 
 EPOCHS = 2
 TRAIN_ITEMS = 24  # 12 batches per epoch: whole global batches for every k in MICRO_BATCHES
