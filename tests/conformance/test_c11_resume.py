@@ -170,6 +170,9 @@ def test_resume_while_the_step_holds_a_batch(design, tmp_path, saves_held):
         )
 
 
+# OnExceptionCheckpoint asks Lightning to resume from "last", which the first run, started fresh, has no checkpoint for
+@pytest.mark.filterwarnings("ignore:.*fit\\(ckpt_path=None\\). was called without a model")
+@pytest.mark.filterwarnings("ignore:.fit\\(ckpt_path=\"last\"\\) is set, but there is no last checkpoint")
 def test_resume_from_the_on_exception_checkpoint_of_a_crash_in_an_epochs_first_call(design, tmp_path):
     # 16 items = 8 batches taken 2 per step call: 4 step calls per epoch, 2 epochs. The crash comes in the first step
     # call of epoch 2, before it consumes anything; Lightning's OnExceptionCheckpoint writes the checkpoint as it
