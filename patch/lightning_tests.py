@@ -168,6 +168,10 @@ def passed_on_both(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> in
     )
 
 
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def requirement_name(line: str) -> str | None:
     """The normalised distribution name a requirements line installs (None for comments and options)."""
     line = line.split("#", 1)[0].strip()
@@ -181,10 +185,6 @@ def missing_requirements(requirement_lines: list[str], installed: dict[str, str]
         line.split("#", 1)[0].strip() for line in requirement_lines
         if (name := requirement_name(line)) is not None and name not in installed
     ]
-
-
-def _normalised(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _installed_distributions(python: str) -> dict[str, str]:
@@ -208,7 +208,7 @@ def install_test_requirements(python: str, checkout: Path) -> list[str]:
         requirements.write_text("\n".join(missing) + "\n", encoding="utf-8")
         constraints = Path(scratch, "installed.txt")
         constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(installed.items())))
-        print(f"installing into {python}'s environment: {', '.join(missing)}", flush=True)
+        print(f"installing into {python}'s environment: {' | '.join(missing)}", flush=True)
         subprocess.run([python, "-m", "pip", "install", "-r", requirements, "-c", constraints], check=True)
     return missing
 

@@ -3,10 +3,12 @@ test requirements it would install. No Lightning checkout and no network."""
 
 from pathlib import Path
 
+import pytest
+
 from patch.lightning_tests import (
     Outcome,
-    count_outcomes,
     copy_rewritten,
+    count_outcomes,
     diff_outcomes,
     missing_requirements,
     parse_junit,
@@ -15,47 +17,40 @@ from patch.lightning_tests import (
     rewrite_imports,
 )
 
-SAMPLE_TEST_MODULE = '''\
-import lightning.pytorch as pl
-from lightning.fabric.utilities.seed import seed_everything
-from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-from tests_pytorch.helpers.runif import RunIf
-
-@mock.patch("lightning.pytorch.trainer.trainer.Trainer.fit")
-def test_logger(caplog):
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    path = "src/lightning/pytorch/trainer.py"
-    from my_lightning.pytorch import x
-    from lightning.pytorch_extras import y
-    contact = "team@lightning.pytorch"
-    import lightning
-'''
-
-EXPECTED_MODULE = '''\
-import pytorch_lightning as pl
-from lightning_fabric.utilities.seed import seed_everything
-from pytorch_lightning import Trainer
-from pytorch_lightning.callbacks import ModelCheckpoint
-from tests_pytorch.helpers.runif import RunIf
-
-@mock.patch("pytorch_lightning.trainer.trainer.Trainer.fit")
-def test_logger(caplog):
-    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
-    path = "src/lightning/pytorch/trainer.py"
-    from my_lightning.pytorch import x
-    from lightning.pytorch_extras import y
-    contact = "team@lightning.pytorch"
-    import lightning
-'''
+# (a line of a Lightning test module, that line as the standalone packages' tests need it)
+REWRITES = [
+    ("import lightning.pytorch as pl", "import pytorch_lightning as pl"),
+    ("from lightning.fabric.utilities.seed import seed_everything",
+     "from lightning_fabric.utilities.seed import seed_everything"),
+    ("from lightning.pytorch.callbacks import ModelCheckpoint",
+     "from pytorch_lightning.callbacks import ModelCheckpoint"),
+    ('@mock.patch("lightning.pytorch.trainer.trainer.Trainer.fit")',
+     '@mock.patch("pytorch_lightning.trainer.trainer.Trainer.fit")'),
+    ('logging.getLogger("lightning.pytorch")', 'logging.getLogger("pytorch_lightning")'),
+    ("x = lightning.pytorch.Trainer(); y = lightning.fabric.Fabric()",
+     "x = pytorch_lightning.Trainer(); y = lightning_fabric.Fabric()"),
+]
+# Lines naming something else: a path, a longer name, a name with a prefix, an address, the unified package itself.
+UNCHANGED = [
+    "from tests_pytorch.helpers.runif import RunIf",
+    'path = "src/lightning/pytorch/trainer.py"',
+    'url = "https://github.com/lightning.pytorch/issues"',
+    "from my_lightning.pytorch import x",
+    "from lightning.pytorch_extras import y",
+    'contact = "team@lightning.pytorch"',
+    "import lightning",
+]
 
 
-def test_rewrite_names_the_standalone_packages_and_leaves_other_names_alone():
-    assert rewrite_imports(SAMPLE_TEST_MODULE) == EXPECTED_MODULE
+@pytest.mark.parametrize(("line", "expected"), REWRITES + [(line, line) for line in UNCHANGED])
+def test_rewrite_names_the_standalone_packages_and_leaves_other_names_alone(line, expected):
+    assert rewrite_imports(line) == expected
+    assert rewrite_imports(expected) == expected  # a rewritten tree rewritten again stays as it is
 
 
-def test_rewrite_is_idempotent():
-    assert rewrite_imports(EXPECTED_MODULE) == EXPECTED_MODULE
+def test_rewrite_keeps_the_rest_of_a_module_as_it_is():
+    module = "import os\n\nfrom lightning.pytorch import Trainer\n\n\ndef test_fit(tmp_path):\n    Trainer()\n"
+    assert rewrite_imports(module) == module.replace("lightning.pytorch", "pytorch_lightning")
 
 
 def test_copy_rewrites_text_files_and_copies_binary_ones(tmp_path: Path):
