@@ -229,6 +229,8 @@ def run_selection(python: str, tree: Path, selection: list[str], label: str, tim
     """Run pytest once per selected directory; returns the merged outcomes and each directory's wall time."""
     outcomes: dict[str, Outcome] = {}
     wall_s: dict[str, float] = {}
+    # pytest's exit status per directory: a crash (no junit written) or an interrupted run shows here, not as outcomes
+    exit_codes: dict[str, int] = {}
     # the tests must import the interpreter's installed packages, never a caller's source tree
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     for directory in selection:
@@ -236,12 +238,12 @@ def run_selection(python: str, tree: Path, selection: list[str], label: str, tim
         command = pytest_command(python, directory, junit, timeout_s)
         print(f"[{label}] {directory}: {' '.join(command)}", flush=True)
         started = time.monotonic()
-        subprocess.run(command, cwd=tree / TEST_ROOT, env=env, check=False)
+        exit_codes[directory] = subprocess.run(command, cwd=tree / TEST_ROOT, env=env, check=False).returncode
         wall_s[directory] = round(time.monotonic() - started, 1)
         found = parse_junit(junit.read_text(encoding="utf-8")) if junit.exists() else {}
         print(f"[{label}] {directory}: {count_outcomes(found)} in {wall_s[directory]} s", flush=True)
         outcomes.update(found)
-    return {"outcomes": outcomes, "wall_s": wall_s}
+    return {"outcomes": outcomes, "wall_s": wall_s, "exit_codes": exit_codes}
 
 
 def run_summary(python: str, run: dict) -> dict:
@@ -251,6 +253,7 @@ def run_summary(python: str, run: dict) -> dict:
         "versions": interpreter_versions(python),
         "wall_s": round(sum(run["wall_s"].values()), 1),
         "wall_s_per_directory": run["wall_s"],
+        "pytest_exit_code_per_directory": run["exit_codes"],
         "counts": count_outcomes(outcomes),
         "not_passed": {
             test_id: {"outcome": result.outcome, "message": result.message}
