@@ -15,6 +15,7 @@ from patch.lightning_tests import (
     passed_on_both,
     requirement_name,
     rewrite_imports,
+    versions_with_checkpoints,
 )
 
 # (a line of a Lightning test module, that line as the standalone packages' tests need it)
@@ -155,3 +156,10 @@ def test_requirements_installs_only_packages_the_environment_lacks():
         "coverage ==7.13.4; python_version >= '3.10'",
         "Scikit_Learn >0.22.1, <1.9.0",
     ]
+
+
+def test_legacy_versions_without_a_checkpoint_file_are_set_apart(tmp_path: Path):
+    (tmp_path / "1.0.0").mkdir()
+    (tmp_path / "1.0.0" / "epoch=3-step=100.ckpt").write_bytes(b"")
+    (tmp_path / "1.1.0").mkdir()  # a folder holding no checkpoint, as the repository's own `.gitkeep` leaves it
+    assert versions_with_checkpoints(["1.0.0", "1.1.0", "2.6.1"], tmp_path) == (["1.0.0"], ["1.1.0", "2.6.1"])
