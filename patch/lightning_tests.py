@@ -7,8 +7,9 @@ process per selected test directory, with each interpreter given: the stock envi
 one. Per-test outcomes come from pytest's junit XML; the JSON written holds the versions, the checkout's commit, the
 counts of each run and every test whose outcome differs between the two runs.
 
-    python -m patch.lightning_tests --checkout PATH [--python STOCK_PY] [--patched-python PATCHED_PY]
-        [--out rfc/results/lightning-tests.json] [--select loops trainer ...] [--install-test-requirements]
+    python -m patch.lightning_tests --checkout PATH [--commit SHA] [--python STOCK_PY] [--patched-python PATCHED_PY]
+        [--out rfc/results/lightning-tests.json] [--select loops trainer ...] [--timeout 120]
+        [--install-test-requirements [--requirements FILE ...]]
 """
 
 from __future__ import annotations
