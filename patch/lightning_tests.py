@@ -1,0 +1,361 @@
+"""Run Lightning's own tests (``tests/tests_pytorch`` of a Lightning checkout) against an installed pytorch_lightning.
+
+The repository's tests import the unified package (``lightning.pytorch``, ``lightning.fabric``); the PyPI package we
+run is the standalone ``pytorch_lightning`` (with ``lightning_fabric``). As Lightning's CI does for the standalone
+package, the test tree is copied into a temporary directory with those imports rewritten, and pytest runs there, one
+process per selected test directory, with each interpreter given: the stock environment and, when given, the patched
+one. Per-test outcomes come from pytest's junit XML; the JSON written holds the versions, the checkout's commit, the
+counts of each run and every test whose outcome differs between the two runs.
+
+    python -m patch.lightning_tests --checkout PATH [--commit SHA] [--python STOCK_PY] [--patched-python PATCHED_PY]
+        [--out rfc/results/lightning-tests.json] [--select loops trainer ...] [--timeout 120]
+        [--install-test-requirements [--requirements FILE ...]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+# Lightning's packages as the repository's tests import them -> as the standalone PyPI packages name them.
+IMPORT_MAPPING = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lightning_fabric"))
+
+# The release's tests of what the RFC changes or relies on: loops, fetchers (under loops/), the trainer with its
+# flags and connectors, checkpointing, logging, the tuner, callbacks and profilers.
+DEFAULT_SELECTION = ("loops", "trainer", "tuner", "callbacks", "profilers", "checkpointing", "loggers")
+
+TEST_ROOT = Path("tests") / "tests_pytorch"
+# The legacy-checkpoint tests read their version list from here.
+LEGACY_ROOT = Path("tests") / "legacy"
+# What Lightning's CPU CI installs for its tests, less the distributed strategies' packages (DeepSpeed): the test
+# tools and the extras some test modules import unconditionally (jsonargparse, omegaconf).
+TEST_REQUIREMENTS = ("requirements/pytorch/test.txt", "requirements/pytorch/extra.txt")
+PER_TEST_TIMEOUT_S = 120
+
+# Outcomes that mean the test body ran (a skipped test did not).
+RAN = ("passed", "failed", "error", "xfailed")
+# When one test id appears in several junit entries (a failure in the call and an error at teardown), the worst wins.
+SEVERITY = {"skipped": 0, "xfailed": 1, "passed": 2, "failed": 3, "error": 4}
+
+_VERSIONS_SCRIPT = (
+    "import json, platform, torch, pytorch_lightning, lightning_fabric;"
+    "print(json.dumps({'python': platform.python_version(), 'torch': torch.__version__,"
+    " 'pytorch_lightning': pytorch_lightning.__version__, 'lightning_fabric': lightning_fabric.__version__,"
+    " 'pytorch_lightning_path': pytorch_lightning.__file__}))"
+)
+_INSTALLED_SCRIPT = (
+    "import json, importlib.metadata as m;"
+    "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()"
+    " if d.metadata['Name']}))"
+)
+
+
+def _import_pattern(package: str) -> re.Pattern[str]:
+    # A whole dotted name only: not `my_lightning.pytorch`, `src/lightning/pytorch`, `lightning.pytorch_x` or an
+    # e-mail/URL tail such as `@lightning.pytorch`.
+    return re.compile(rf"(?<![\w./@]){re.escape(package)}(?![\w/])")
+
+
+_IMPORT_PATTERNS = tuple((_import_pattern(source), target) for source, target in IMPORT_MAPPING)
+
+
+def rewrite_imports(text: str) -> str:
+    """Name the standalone packages wherever the text names the unified package's modules."""
+    for pattern, target in _IMPORT_PATTERNS:
+        text = pattern.sub(target, text)
+    return text
+
+
+def copy_rewritten(source: Path, destination: Path) -> int:
+    """Copy a directory tree, rewriting the imports of every text file; returns how many files changed."""
+    changed = 0
+    for path in sorted(source.rglob("*")):
+        target = destination / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:  # checkpoints, images: copied as they are
+            shutil.copy2(path, target)
+            continue
+        rewritten = rewrite_imports(text)
+        changed += rewritten != text
+        target.write_text(rewritten, encoding="utf-8")
+    return changed
+
+
+def prepare_tree(checkout: Path, destination: Path) -> int:
+    """Lay out the checkout's tests under ``destination`` as the repository does, with the imports rewritten.
+
+    ``tests/`` has no ``__init__.py``, so pytest puts it on ``sys.path`` and ``tests_pytorch.helpers`` imports; the
+    checkout's ``pyproject.toml`` carries Lightning's pytest options (strict markers, warning filters, strict xfail).
+    """
+    changed = copy_rewritten(checkout / TEST_ROOT, destination / TEST_ROOT)
+    if (checkout / LEGACY_ROOT).is_dir():
+        changed += copy_rewritten(checkout / LEGACY_ROOT, destination / LEGACY_ROOT)
+    shutil.copy2(checkout / "pyproject.toml", destination / "pyproject.toml")
+    return changed
+
+
+def versions_with_checkpoints(listed: list[str], checkpoints: Path) -> tuple[list[str], list[str]]:
+    """Split the legacy versions listed into those with a ``.ckpt`` under ``checkpoints/<version>`` and the rest."""
+    present = [version for version in listed if any((checkpoints / version).glob("*.ckpt"))]
+    return present, [version for version in listed if version not in present]
+
+
+def prepare_legacy_checkpoints(python: str, tree: Path) -> dict:
+    """Write the "local" legacy checkpoint with ``python`` and list only the versions whose checkpoints exist.
+
+    Lightning's CI downloads its archive of checkpoints saved by past releases and trains the "local" one with the
+    package under test. Without the archive, ``checkpointing/test_legacy_checkpoints.py`` would fail once per listed
+    release on the missing file, so those releases are dropped from the copied list (and named in the report). The
+    local checkpoint is written by the stock interpreter once, so a patched run loads and resumes stock's checkpoint.
+    """
+    legacy = tree / LEGACY_ROOT
+    listed_file = legacy / "back-compatible-versions.txt"
+    if not listed_file.exists():
+        return {}
+    checkpoints = legacy / "checkpoints"
+    present, absent = versions_with_checkpoints(listed_file.read_text(encoding="utf-8").split(), checkpoints)
+    listed_file.write_text("".join(f"{version}\n" for version in present), encoding="utf-8")
+    local = checkpoints / "local"
+    training = legacy / "simple_classif_training.py"
+    env = {**os.environ, "PYTHONPATH": str(tree / "tests")}  # for `import tests_pytorch`, as Lightning's script sets
+    subprocess.run([python, training, "local"], cwd=tree, env=env, check=True, capture_output=True)
+    for checkpoint in (local / "lightning_logs").glob("version_*/checkpoints/*.ckpt"):
+        checkpoint.rename(local / checkpoint.name)
+    shutil.rmtree(local / "lightning_logs")
+    shutil.copy2(training, local)  # the checkpoint's test imports the model's module from beside it
+    return {"local_written_by": python, "versions_with_checkpoints": present, "versions_without_checkpoints": absent}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    outcome: str  # one of SEVERITY's keys
+    message: str = ""  # the first line of the failure, error or skip reason
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0][:300] if (text or "").strip() else ""
+
+
+def _case_outcome(case: ET.Element) -> Outcome:
+    for tag in ("error", "failure"):
+        element = case.find(tag)
+        if element is not None:
+            outcome = "error" if tag == "error" else "failed"
+            return Outcome(outcome, _first_line(element.get("message")) or _first_line(element.text))
+    skipped = case.find("skipped")
+    if skipped is not None:
+        outcome = "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"
+        return Outcome(outcome, _first_line(skipped.get("message")))
+    return Outcome("passed")
+
+
+def parse_junit(xml_text: str) -> dict[str, Outcome]:
+    """Per-test outcomes of one pytest junit XML report, keyed ``classname::name``."""
+    outcomes: dict[str, Outcome] = {}
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome = _case_outcome(case)
+        previous = outcomes.get(test_id)
+        if previous is None or SEVERITY[outcome.outcome] > SEVERITY[previous.outcome]:
+            outcomes[test_id] = outcome
+    return outcomes
+
+
+def count_outcomes(outcomes: dict[str, Outcome]) -> dict[str, int]:
+    counts = {name: 0 for name in SEVERITY}
+    for result in outcomes.values():
+        counts[result.outcome] += 1
+    counts["collected"] = len(outcomes)
+    counts["ran"] = sum(counts[name] for name in RAN)
+    return counts
+
+
+def diff_outcomes(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict[str, str]]:
+    """Every test whose outcome differs between the runs ("absent" where one run lacks it), sorted by test id."""
+    differences = []
+    for test_id in sorted(stock.keys() | patched.keys()):
+        before = stock[test_id].outcome if test_id in stock else "absent"
+        after = patched[test_id].outcome if test_id in patched else "absent"
+        if before != after:
+            differences.append({"test": test_id, "stock": before, "patched": after, "classification": "unclassified"})
+    return differences
+
+
+def passed_on_both(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> int:
+    return sum(
+        1 for test_id, result in stock.items() if result.outcome == "passed" and test_id in patched
+        and patched[test_id].outcome == "passed"
+    )
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_name(line: str) -> str | None:
+    """The normalised distribution name a requirements line installs (None for comments and options)."""
+    line = line.split("#", 1)[0].strip()
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)
+    return _normalised(match.group(0)) if match else None
+
+
+def missing_requirements(requirement_lines: list[str], installed: dict[str, str]) -> list[str]:
+    """The requirement lines whose package is not installed at all; installed ones keep their version."""
+    return [
+        line.split("#", 1)[0].strip() for line in requirement_lines
+        if (name := requirement_name(line)) is not None and name not in installed
+    ]
+
+
+def _installed_distributions(python: str) -> dict[str, str]:
+    output = subprocess.run([python, "-c", _INSTALLED_SCRIPT], capture_output=True, text=True, check=True).stdout
+    return {_normalised(name): version for name, version in json.loads(output).items()}
+
+
+def install_test_requirements(python: str, checkout: Path, requirement_files: list[str]) -> list[str]:
+    """pip-install the packages of the checkout's requirement files that ``python``'s environment lacks.
+
+    Every distribution already installed is held at its version by a constraints file, so installing them never
+    swaps torch (pinned CPU build) or downgrades what the project runs with.
+    """
+    installed = _installed_distributions(python)
+    lines = [line for name in requirement_files for line in (checkout / name).read_text(encoding="utf-8").splitlines()]
+    missing = missing_requirements(lines, installed)
+    if not missing:
+        return []
+    with tempfile.TemporaryDirectory() as scratch:
+        requirements = Path(scratch, "missing.txt")
+        requirements.write_text("\n".join(missing) + "\n", encoding="utf-8")
+        constraints = Path(scratch, "installed.txt")
+        constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(installed.items())))
+        print(f"installing into {python}'s environment: {' | '.join(missing)}", flush=True)
+        subprocess.run([python, "-m", "pip", "install", "-r", requirements, "-c", constraints], check=True)
+    return missing
+
+
+def interpreter_versions(python: str) -> dict[str, str]:
+    output = subprocess.run([python, "-c", _VERSIONS_SCRIPT], capture_output=True, text=True, check=True).stdout
+    return json.loads(output)
+
+
+def pytest_command(python: str, directory: str, junit: Path, timeout_s: int) -> list[str]:
+    return [
+        python, "-m", "pytest", directory, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
+        f"--timeout={timeout_s}", f"--junitxml={junit}", "-o", "junit_family=xunit1", "--color=no",
+        # one module importing a package we lack must not stop its directory's other modules from running
+        "--continue-on-collection-errors",
+    ]
+
+
+def run_selection(python: str, tree: Path, selection: list[str], label: str, timeout_s: int) -> dict:
+    """Run pytest once per selected directory; returns the merged outcomes and each directory's wall time."""
+    outcomes: dict[str, Outcome] = {}
+    wall_s: dict[str, float] = {}
+    # pytest's exit status per directory: a crash (no junit written) or an interrupted run shows here, not as outcomes
+    exit_codes: dict[str, int] = {}
+    # the tests must import the interpreter's installed packages, never a caller's source tree
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    for directory in selection:
+        junit = tree / f"junit-{label}-{directory.replace('/', '_')}.xml"
+        command = pytest_command(python, directory, junit, timeout_s)
+        print(f"[{label}] {directory}: {' '.join(command)}", flush=True)
+        started = time.monotonic()
+        exit_codes[directory] = subprocess.run(command, cwd=tree / TEST_ROOT, env=env, check=False).returncode
+        wall_s[directory] = round(time.monotonic() - started, 1)
+        found = parse_junit(junit.read_text(encoding="utf-8")) if junit.exists() else {}
+        print(f"[{label}] {directory}: {count_outcomes(found)} in {wall_s[directory]} s", flush=True)
+        outcomes.update(found)
+    return {"outcomes": outcomes, "wall_s": wall_s, "exit_codes": exit_codes}
+
+
+def run_summary(python: str, run: dict) -> dict:
+    outcomes = run["outcomes"]
+    return {
+        "python": python,
+        "versions": interpreter_versions(python),
+        "wall_s": round(sum(run["wall_s"].values()), 1),
+        "wall_s_per_directory": run["wall_s"],
+        "pytest_exit_code_per_directory": run["exit_codes"],
+        "counts": count_outcomes(outcomes),
+        "not_passed": {
+            test_id: {"outcome": result.outcome, "message": result.message}
+            for test_id, result in sorted(outcomes.items()) if result.outcome in ("failed", "error")
+        },
+    }
+
+
+def checkout_commit(checkout: Path, given: str | None) -> str:
+    if given:
+        return given
+    found = subprocess.run(["git", "-C", checkout, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else "unknown"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkout", type=Path, required=True, help="a Lightning checkout (or export) of the release")
+    parser.add_argument("--commit", help="the checkout's commit, where PATH is an export rather than a git work tree")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter with stock pytorch_lightning")
+    parser.add_argument("--patched-python", help="the interpreter with the patched pytorch_lightning")
+    parser.add_argument("--out", type=Path, default=Path("rfc/results/lightning-tests.json"))
+    parser.add_argument("--select", nargs="+", default=list(DEFAULT_SELECTION),
+                        help="directories (or files) under tests/tests_pytorch")
+    parser.add_argument("--timeout", type=int, default=PER_TEST_TIMEOUT_S, help="per-test timeout in seconds")
+    parser.add_argument("--install-test-requirements", action="store_true",
+                        help="pip-install the packages of the --requirements files each environment lacks")
+    parser.add_argument("--requirements", nargs="+", default=list(TEST_REQUIREMENTS),
+                        help="requirement files in the checkout that --install-test-requirements reads")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    interpreters = {"stock": args.python}
+    if args.patched_python:
+        interpreters["patched"] = args.patched_python
+    if args.install_test_requirements:
+        for python in interpreters.values():
+            install_test_requirements(python, args.checkout, args.requirements)
+    report: dict = {
+        "checkout": {"path": str(args.checkout), "commit": checkout_commit(args.checkout, args.commit)},
+        "selection": args.select,
+        "per_test_timeout_s": args.timeout,
+        "runs": {},
+    }
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="lightning-tests-") as scratch:
+        tree = Path(scratch)
+        print(f"rewrote the imports of {prepare_tree(args.checkout, tree)} files under {tree}", flush=True)
+        report["legacy_checkpoints"] = prepare_legacy_checkpoints(args.python, tree)
+        for label, python in interpreters.items():
+            runs[label] = run_selection(python, tree, args.select, label, args.timeout)
+            report["runs"][label] = run_summary(python, runs[label])
+    stock = runs["stock"]["outcomes"]
+    report["tests_run"] = report["runs"]["stock"]["counts"]["ran"]
+    if "patched" in runs:
+        patched = runs["patched"]["outcomes"]
+        report["passed_on_both"] = passed_on_both(stock, patched)
+        report["differences"] = diff_outcomes(stock, patched)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({label: run["counts"] for label, run in report["runs"].items()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The pure parts of ``patch.lightning_tests``: the import rewrite, the junit parse, the diff of two runs, and which
+test requirements it would install. No Lightning checkout and no network."""
+
+from pathlib import Path
+
+import pytest
+
+from patch.lightning_tests import (
+    Outcome,
+    copy_rewritten,
+    count_outcomes,
+    diff_outcomes,
+    missing_requirements,
+    parse_junit,
+    passed_on_both,
+    requirement_name,
+    rewrite_imports,
+    versions_with_checkpoints,
+)
+
+# (a line of a Lightning test module, that line as the standalone packages' tests need it)
+REWRITES = [
+    ("import lightning.pytorch as pl", "import pytorch_lightning as pl"),
+    ("from lightning.fabric.utilities.seed import seed_everything",
+     "from lightning_fabric.utilities.seed import seed_everything"),
+    ("from lightning.pytorch.callbacks import ModelCheckpoint",
+     "from pytorch_lightning.callbacks import ModelCheckpoint"),
+    ('@mock.patch("lightning.pytorch.trainer.trainer.Trainer.fit")',
+     '@mock.patch("pytorch_lightning.trainer.trainer.Trainer.fit")'),
+    ('logging.getLogger("lightning.pytorch")', 'logging.getLogger("pytorch_lightning")'),
+    ("x = lightning.pytorch.Trainer(); y = lightning.fabric.Fabric()",
+     "x = pytorch_lightning.Trainer(); y = lightning_fabric.Fabric()"),
+]
+# Lines naming something else: a path, a longer name, a name with a prefix, an address, the unified package itself.
+UNCHANGED = [
+    "from tests_pytorch.helpers.runif import RunIf",
+    'path = "src/lightning/pytorch/trainer.py"',
+    'url = "https://github.com/lightning.pytorch/issues"',
+    "from my_lightning.pytorch import x",
+    "from lightning.pytorch_extras import y",
+    'contact = "team@lightning.pytorch"',
+    "import lightning",
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), REWRITES + [(line, line) for line in UNCHANGED])
+def test_rewrite_names_the_standalone_packages_and_leaves_other_names_alone(line, expected):
+    assert rewrite_imports(line) == expected
+    assert rewrite_imports(expected) == expected  # a rewritten tree rewritten again stays as it is
+
+
+def test_rewrite_keeps_the_rest_of_a_module_as_it_is():
+    module = "import os\n\nfrom lightning.pytorch import Trainer\n\n\ndef test_fit(tmp_path):\n    Trainer()\n"
+    assert rewrite_imports(module) == module.replace("lightning.pytorch", "pytorch_lightning")
+
+
+def test_copy_rewrites_text_files_and_copies_binary_ones(tmp_path: Path):
+    source, destination = tmp_path / "source", tmp_path / "destination"
+    (source / "loops").mkdir(parents=True)
+    (source / "loops" / "test_loops.py").write_text("from lightning.pytorch import Trainer\n")
+    (source / "config.yaml").write_text("class_path: lightning.pytorch.callbacks.ModelCheckpoint\n")
+    (source / "loops" / "plain.py").write_text("import torch\n")
+    checkpoint = bytes([0x80, 0x02, 0xFF, 0x00])  # not UTF-8
+    (source / "model.ckpt").write_bytes(checkpoint)
+
+    assert copy_rewritten(source, destination) == 2
+    assert (destination / "loops" / "test_loops.py").read_text() == "from pytorch_lightning import Trainer\n"
+    assert (destination / "config.yaml").read_text() == "class_path: pytorch_lightning.callbacks.ModelCheckpoint\n"
+    assert (destination / "loops" / "plain.py").read_text() == "import torch\n"
+    assert (destination / "model.ckpt").read_bytes() == checkpoint
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="2" failures="1" skipped="2" tests="7">
+  <testcase classname="tests_pytorch.loops.test_loops" name="test_passes" time="0.1"/>
+  <testcase classname="tests_pytorch.loops.test_loops" name="test_fails" time="0.1">
+    <failure message="AssertionError: assert 1 == 2&#10;second line">trace</failure>
+  </testcase>
+  <testcase classname="tests_pytorch.loops.test_loops" name="test_gpu" time="0.0">
+    <skipped type="pytest.skip" message="Requires: [GPU machine]">skip</skipped>
+  </testcase>
+  <testcase classname="tests_pytorch.loops.test_loops" name="test_known_bug" time="0.0">
+    <skipped type="pytest.xfail" message="reason: known"/>
+  </testcase>
+  <testcase classname="tests_pytorch.loops.test_loops.TestFetcher" name="test_param[1-2]" time="0.1">
+    <failure message="assert False">call</failure>
+  </testcase>
+  <testcase classname="tests_pytorch.loops.test_loops.TestFetcher" name="test_param[1-2]" time="0.1">
+    <error message="failed on teardown with &quot;OSError&quot;">teardown</error>
+  </testcase>
+  <testcase classname="" name="tests_pytorch.loops.test_broken" time="0.0">
+    <error message="collection failure">ModuleNotFoundError: No module named 'onnx'</error>
+  </testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_junit_parse_reads_each_outcome_and_its_first_message_line():
+    outcomes = parse_junit(JUNIT)
+    assert outcomes == {
+        "tests_pytorch.loops.test_loops::test_passes": Outcome("passed"),
+        "tests_pytorch.loops.test_loops::test_fails": Outcome("failed", "AssertionError: assert 1 == 2"),
+        "tests_pytorch.loops.test_loops::test_gpu": Outcome("skipped", "Requires: [GPU machine]"),
+        "tests_pytorch.loops.test_loops::test_known_bug": Outcome("xfailed", "reason: known"),
+        "tests_pytorch.loops.test_loops.TestFetcher::test_param[1-2]": Outcome(
+            "error", 'failed on teardown with "OSError"'
+        ),
+        "::tests_pytorch.loops.test_broken": Outcome("error", "collection failure"),
+    }
+
+
+def test_counts_separate_skipped_from_the_tests_that_ran():
+    counts = count_outcomes(parse_junit(JUNIT))
+    assert counts == {
+        "skipped": 1, "xfailed": 1, "passed": 1, "failed": 1, "error": 2, "collected": 6, "ran": 5,
+    }
+
+
+def test_diff_lists_every_changed_outcome_unclassified_and_nothing_else():
+    stock = {
+        "a::same": Outcome("passed"),
+        "a::regressed": Outcome("passed"),
+        "a::fixed": Outcome("failed", "boom"),
+        "a::only_stock": Outcome("skipped"),
+        "a::same_message_differs": Outcome("failed", "one"),
+    }
+    patched = {
+        "a::same": Outcome("passed"),
+        "a::regressed": Outcome("error", "teardown"),
+        "a::fixed": Outcome("passed"),
+        "a::only_patched": Outcome("passed"),
+        "a::same_message_differs": Outcome("failed", "two"),
+    }
+    assert diff_outcomes(stock, patched) == [
+        {"test": "a::fixed", "stock": "failed", "patched": "passed", "classification": "unclassified"},
+        {"test": "a::only_patched", "stock": "absent", "patched": "passed", "classification": "unclassified"},
+        {"test": "a::only_stock", "stock": "skipped", "patched": "absent", "classification": "unclassified"},
+        {"test": "a::regressed", "stock": "passed", "patched": "error", "classification": "unclassified"},
+    ]
+    assert passed_on_both(stock, patched) == 1
+
+
+def test_requirements_installs_only_packages_the_environment_lacks():
+    lines = [
+        "# needed in tests",
+        "coverage ==7.13.4; python_version >= '3.10'",
+        "Scikit_Learn >0.22.1, <1.9.0  # for metrics",
+        "numpy >1.21.0, <1.27.0; python_version < '3.12'",
+        "pytest ==9.0.2",
+        "",
+        "--extra-index-url https://example.invalid",
+    ]
+    assert requirement_name(lines[2]) == "scikit-learn"
+    installed = {"numpy": "2.4.6", "pytest": "9.2.0"}  # held at their versions, never re-pinned
+    assert missing_requirements(lines, installed) == [
+        "coverage ==7.13.4; python_version >= '3.10'",
+        "Scikit_Learn >0.22.1, <1.9.0",
+    ]
+
+
+def test_legacy_versions_without_a_checkpoint_file_are_set_apart(tmp_path: Path):
+    (tmp_path / "1.0.0").mkdir()
+    (tmp_path / "1.0.0" / "epoch=3-step=100.ckpt").write_bytes(b"")
+    (tmp_path / "1.1.0").mkdir()  # a folder holding no checkpoint, as the repository's own `.gitkeep` leaves it
+    assert versions_with_checkpoints(["1.0.0", "1.1.0", "2.6.1"], tmp_path) == (["1.0.0"], ["1.1.0", "2.6.1"])
