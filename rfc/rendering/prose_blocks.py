@@ -111,7 +111,22 @@ def conformance_stance(inputs: Inputs, page_dir: Path, name: str) -> str:
         text += "; it has no expected failure"
     if failures:
         text += "; **failures:** " + ", ".join(failures)
-    return text + "."
+    return text + "." + _gaps(inputs.conformance, name)
+
+
+def _gaps(conformance: dict, name: str) -> str:
+    """Each gap of the design's expected-failures file once: its key, its sentence and how many tests it explains
+    in the committed run (results written before the files named gaps have none to list)."""
+    gaps = ((conformance.get("designs") or {}).get(name) or {}).get("gaps") or {}
+    if not gaps:
+        return ""
+    explained: dict[str, int] = {}
+    for row in conformance.get("results") or []:
+        if row.get("design") == name and row.get("outcome") == "xfailed" and row.get("gap"):
+            explained[row["gap"]] = explained.get(row["gap"], 0) + 1
+    lines = [f"- {code(key)} ({explained.get(key, 0)} tests): {sentence}" for key, sentence in sorted(gaps.items())]
+    return (f"\n\nIts gaps, each named once in `tests/conformance/expected_failures/{name}.txt` and referred to by"
+            " key from the tests it explains:\n\n" + "\n".join(lines))
 
 
 def block_end_rule_runs(inputs: Inputs, page_dir: Path) -> str:

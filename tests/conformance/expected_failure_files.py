@@ -30,9 +30,11 @@ _KEY = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 @dataclass(frozen=True)
 class ExpectedFailure:
-    """Why one test fails for a design: the gap's key, the reason the xfail reports, where the test id is listed."""
+    """Why one test fails for a design: the gap's key and sentence, the reason the xfail reports (what the test
+    observes, then the sentence), where the test id is listed."""
 
     gap: str
+    sentence: str
     reason: str
     line: int
 
@@ -103,7 +105,7 @@ def load_expected_failures(path: Path) -> dict[str, ExpectedFailure]:
                 raise error(number, f"expected failure {test_id!r} names no gap (indent it under a '<gap key>' line)")
             if test_id in entries:
                 raise error(number, f"{test_id!r} is already listed on line {entries[test_id].line}")
-            entries[test_id] = ExpectedFailure(gap=group[0], reason=group[1], line=number)
+            entries[test_id] = ExpectedFailure(gap=group[0], sentence=gaps[group[0]][0], reason=group[1], line=number)
             covered += 1
     close_group()
     unused = sorted(set(gaps) - used)

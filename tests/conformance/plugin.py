@@ -103,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The libraries whose versions decide what the suite observes, as the run's header names them.
-HEADER_VERSIONS = ("torch", "pytorch-lightning", "torchdata", "torchrec")
+HEADER_VERSIONS = ("torch", "pytorch-lightning", "torchdata", "torchrec", "megatron-core")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -163,6 +163,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if entry is not None:
             matched[design.name].add(cid)
             item.add_marker(pytest.mark.xfail(reason=entry.reason, strict=True))
+            state.gaps.setdefault(design.name, {})[entry.gap] = entry.sentence
         state.tests[item.nodeid] = dict(
             design=design.name, variant=design.id, test_id=cid, clause=clause.args[0],
             reason=entry.reason if entry else "", gap=entry.gap if entry else "",
@@ -186,6 +187,7 @@ class _State:
         self.extra_dir = extra_dir
         self.tests: dict[str, dict] = {}
         self.outcomes: dict[str, str] = {}
+        self.gaps: dict[str, dict[str, str]] = {}  # design -> {gap key: sentence}, for the gaps this run collected
 
     @property
     def summaries(self) -> dict[str, str]:
@@ -236,7 +238,7 @@ def write_results(path: Path, state: _State) -> None:
         schema=1,
         setup=harness_common.conformance_setup(),
         clauses=CLAUSES,
-        designs={name: dict(summary=state.summaries[name]) for name in names},
+        designs={name: dict(summary=state.summaries[name], gaps=state.gaps.get(name, {})) for name in names},
         results=results,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
