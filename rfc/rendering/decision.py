@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from prototypes import DESIGNS
-from rendering.benchmarks import verdict_of, with_interval
 from rendering.markdown import cell, code, no_results
 from rendering.results import BENCHMARK_COMMAND, Inputs
+from rendering.targets import verdict_of, with_interval
 
 # Decision 1: the design whose loops and fetcher Lightning adopts. What it ships with (its registered ``options``)
 # and its opt-in thread (``thread_options``) are read from the registry, never typed into a page.

@@ -171,3 +171,11 @@ def display_path(path: Path) -> str:
     except ValueError:  # another drive on Windows
         return str(path)
     return str(path) if rel.startswith("../") else rel
+
+
+def is_scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v

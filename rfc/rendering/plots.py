@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rendering.benchmarks import is_number, l_over_c
-from rendering.markdown import code, no_results, relative_link
+from rendering.benchmarks import l_over_c
+from rendering.markdown import code, is_number, no_results, relative_link
 from rendering.results import BENCHMARK_COMMAND, Inputs
 
 # Bump when the drawing code changes, so committed PNGs count as stale and are redrawn.

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from prototypes import DESIGNS
-from rendering.benchmarks import VERDICT_TEXT, verdict_of
 from rendering.conformance import conformance_parts
 from rendering.coupling import private_names_used
 from rendering.markdown import bench_setup, code, no_results, relative_link, setup_line, table
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, FAIL, XFAIL, Inputs
+from rendering.targets import VERDICT_TEXT, verdict_of
 
 
 def design_of_row(row_design: str) -> str:
