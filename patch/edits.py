@@ -1,0 +1,191 @@
+"""Edits to Lightning's source, addressed by what they change (a module, a class, a method), never by Lightning's text.
+
+The patch series is generated: the repository holds the code that goes into Lightning and where it goes, not a copy
+of Lightning's source or of a diff's context lines. An edit names its place by the dotted module and the qualified
+name of a definition (``"loops.fetchers"``, ``"_DataLoaderIterDataFetcher.__next__"``); where it must reach inside a
+body, by the statement's structure (an assignment to a name, a call of a name), read with ``ast``. Lightning's own
+lines are only ever kept, moved or removed, never written by this code.
+
+Every edit re-parses the module it changes, so edits compose in any order, and an edit whose place is missing (a
+Lightning release that moved the code) stops with an error that names the place.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+Predicate = Callable[[ast.stmt], bool]
+
+
+class PlaceNotFound(LookupError):
+    """The place an edit names is not in the source: the release under patch differs from the one it was written for."""
+
+
+class LightningSource:
+    """The source tree of one Lightning package (``root`` holds ``loops/``, ``trainer/``...), edited in place."""
+
+    def __init__(self, root: Path, package: str) -> None:
+        self.root, self.package = root, package
+
+    def module(self, dotted: str) -> ModuleSource:
+        """``dotted`` relative to the package, e.g. ``"loops.fetchers"``."""
+        path = self.root.joinpath(*dotted.split(".")).with_suffix(".py")
+        if not path.is_file():
+            raise PlaceNotFound(f"{self.package}.{dotted}: no module at {path}")
+        return ModuleSource(path, f"{self.package}.{dotted}")
+
+    def add_module(self, dotted: str, text: str) -> None:
+        path = self.root.joinpath(*dotted.split(".")).with_suffix(".py")
+        if path.exists():
+            raise FileExistsError(f"{self.package}.{dotted} exists already; edit it instead")
+        path.write_text(text)
+
+
+class ModuleSource:
+    """One module's text, with edits addressed by qualified names."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path, self.name = path, name
+
+    # ---- reading
+    @property
+    def lines(self) -> list[str]:
+        return self.path.read_text().splitlines(keepends=True)
+
+    def _tree(self) -> ast.Module:
+        return ast.parse(self.path.read_text())
+
+    def definition(self, qualname: str) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef:
+        scope: ast.AST = self._tree()
+        for part in qualname.split("."):
+            found = [
+                node for node in getattr(scope, "body", [])
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part
+            ]
+            if not found:
+                raise PlaceNotFound(f"{self.name}: no definition {qualname!r}")
+            scope = found[-1]  # the last wins, as at run time (a property's setter follows its getter)
+        return scope  # type: ignore[return-value]
+
+    def statement(self, qualname: str, matches: Predicate) -> ast.stmt:
+        """The one statement of ``qualname``'s body, at any depth, that ``matches``."""
+        found = [node for node in ast.walk(self.definition(qualname)) if isinstance(node, ast.stmt) and matches(node)]
+        found = [node for node in found if node is not self.definition(qualname)]
+        if len(found) != 1:
+            raise PlaceNotFound(f"{self.name}: {len(found)} statements of {qualname!r} match, expected one")
+        return found[0]
+
+    # ---- writing
+    def _splice(self, start: int, end: int, text: str) -> None:
+        """Replace lines ``start``..``end`` (1-based, inclusive; ``end = start - 1`` inserts before ``start``)."""
+        lines = self.lines
+        lines[start - 1:end] = [text] if text else []
+        self.path.write_text("".join(lines))
+        ast.parse(self.path.read_text(), filename=str(self.path))  # an edit never leaves a module that fails to parse
+
+    @staticmethod
+    def _indented(code: str, indent: str) -> str:
+        code = textwrap.dedent(code).strip("\n")
+        return textwrap.indent(code, indent, lambda line: bool(line.strip())) + "\n"
+
+    def _start_line(self, node: ast.stmt) -> int:
+        decorators = getattr(node, "decorator_list", [])
+        return min([node.lineno, *(d.lineno for d in decorators)])
+
+    def _indent_of(self, node: ast.stmt) -> str:
+        line = self.lines[node.lineno - 1]
+        return line[: len(line) - len(line.lstrip())]
+
+    def replace(self, qualname: str, code: str) -> None:
+        """Replace a whole definition (decorators included) with ``code``."""
+        node = self.definition(qualname)
+        self._splice(self._start_line(node), node.end_lineno, self._indented(code, self._indent_of(node)))
+
+    def remove(self, qualname: str) -> None:
+        node = self.definition(qualname)
+        start, end = self._start_line(node), node.end_lineno
+        if end < len(self.lines) and not self.lines[end].strip():
+            end += 1  # and the blank line after it
+        self._splice(start, end, "")
+
+    def insert(self, code: str, *, after: str | None = None, before: str | None = None, into: str | None = None) -> None:
+        """Insert definitions next to the one named ``after``/``before``, or at the end of the class ``into``, or at
+        the end of the module (separated as PEP 8 separates them)."""
+        if after or before:
+            node = self.definition(after or before)  # type: ignore[arg-type]
+            indent = self._indent_of(node)
+            blank = "\n\n" if not indent else "\n"
+            text = self._indented(code, indent)
+            if after:
+                self._splice(node.end_lineno + 1, node.end_lineno, blank + text)
+            else:
+                self._splice(self._start_line(node), self._start_line(node) - 1, text + blank)
+            return
+        if into:
+            node = self.definition(into)
+            indent = self._indent_of(node.body[0])
+            self._splice(node.end_lineno + 1, node.end_lineno, "\n" + self._indented(code, indent))
+            return
+        self._splice(len(self.lines) + 1, len(self.lines), "\n\n" + self._indented(code, ""))
+
+    def insert_in_body(
+        self, qualname: str, code: str, *, at_start: bool = False, before: Predicate | None = None,
+        after: Predicate | None = None,
+    ) -> None:
+        """Insert statements into ``qualname``'s body: first (after its docstring), or before/after the one statement
+        that the predicate matches."""
+        definition = self.definition(qualname)
+        if at_start:
+            body = definition.body
+            has_docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+            anchor = body[1] if has_docstring and len(body) > 1 else body[0]
+            if has_docstring and len(body) == 1:
+                self._splice(body[0].end_lineno + 1, body[0].end_lineno, self._indented(code, self._indent_of(body[0])))
+                return
+            self._splice(anchor.lineno, anchor.lineno - 1, self._indented(code, self._indent_of(anchor)))
+            return
+        node = self.statement(qualname, before or after)  # type: ignore[arg-type]
+        text = self._indented(code, self._indent_of(node))
+        if before:
+            self._splice(self._start_line(node), self._start_line(node) - 1, text)
+        else:
+            self._splice(node.end_lineno + 1, node.end_lineno, text)
+
+    def replace_statement(self, qualname: str, matches: Predicate, code: str) -> None:
+        node = self.statement(qualname, matches)
+        self._splice(self._start_line(node), node.end_lineno, self._indented(code, self._indent_of(node)))
+
+    def add_import(self, line: str) -> None:
+        """Add an import statement after the module's last top-level import."""
+        last = [node for node in self._tree().body if isinstance(node, (ast.Import, ast.ImportFrom))][-1]
+        self._splice(last.end_lineno + 1, last.end_lineno, line.strip() + "\n")
+
+
+# ---- predicates naming a statement by its structure
+def assigns(target: str) -> Predicate:
+    """A statement assigning ``target`` (``"self.done"``, ``"batch"``)."""
+
+    def matches(node: ast.stmt) -> bool:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        return isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and any(
+            t is not None and ast.unparse(t) == target for t in targets
+        )
+
+    return matches
+
+
+def calls(function: str) -> Predicate:
+    """An expression statement, assignment or return whose value is a call of ``function`` (``"self.advance"``)."""
+
+    def matches(node: ast.stmt) -> bool:
+        value = getattr(node, "value", None)
+        return (
+            isinstance(node, (ast.Expr, ast.Assign, ast.Return))
+            and isinstance(value, ast.Call)
+            and ast.unparse(value.func) == function
+        )
+
+    return matches

@@ -1,0 +1,34 @@
+"""The RFC's list "What Lightning has to change", item by item, as edits to Lightning's source (``patch.edits``).
+
+``ITEMS`` is in the RFC's order; ``python -m patch.series`` makes one commit, and so one patch, of each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from patch.edits import LightningSource
+
+
+@dataclass(frozen=True)
+class Item:
+    """One item of the RFC's change list: its number, its title (the patch's subject) and the edits that make it.
+
+    ``why`` is the commit message's body: what the change does for the flavour and what a user of today's flavour
+    notices. ``apply`` is None for an item whose change is not in Lightning's code; ``why`` then says so."""
+
+    number: int
+    title: str
+    why: str
+    apply_edits: Callable[[LightningSource], None] | None = None
+
+    def apply(self, source: LightningSource) -> None:
+        if self.apply_edits is not None:
+            self.apply_edits(source)
+
+    def commit_message(self) -> str:
+        return f"[RFC {self.number}] {self.title}\n\n{self.why.strip()}\n"
+
+
+ITEMS: tuple[Item, ...] = ()

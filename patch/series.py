@@ -1,0 +1,118 @@
+"""The RFC's change list written into pytorch-lightning 2.6.6, as a patch series for review.
+
+    python -m patch.series --out DIR [--layout sdist|repository] [--sdist-cache DIR] [--tree DIR]
+
+Downloads the release's sdist (``pip download --no-deps --no-binary :all: pytorch-lightning==2.6.6``), unpacks it
+into a git repository, applies the items of ``patch.items`` in the RFC's order, one commit per item, and writes the
+commits with ``git format-patch`` into ``--out``: ``0001-…patch`` is item 1, each applying on the one before. An item
+with no code is still a patch: what it changes is Lightning's documentation, or its message says why it has none.
+
+``--layout repository`` writes the same series for the Lightning repository (``src/lightning/pytorch/``, importing
+``lightning.pytorch`` and ``lightning.fabric``), where maintainers review it; the sdist is the standalone package
+``pytorch_lightning``, whose files the release process generated from those by renaming the imports. ``--tree DIR``
+also keeps the patched sdist (a directory ``pip install`` accepts): ``python -m patch.environment`` builds from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from patch.edits import LightningSource
+from patch.items import ITEMS
+
+RELEASE = "2.6.6"
+PACKAGE_IN_SDIST = Path("src") / "pytorch_lightning"
+DEFAULT_CACHE = Path.home() / ".cache" / "rfc-dataloader-iter" / "sdist"
+# The standalone packages' names -> the repository's (the release process renames the other way).
+REPOSITORY_NAMES = (
+    ("src/pytorch_lightning/", "src/lightning/pytorch/"),
+    ("pytorch_lightning", "lightning.pytorch"),
+    ("lightning_fabric", "lightning.fabric"),
+)
+_AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
+
+
+def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
+    """The release's sdist, downloaded once into ``cache``."""
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob(f"pytorch_lightning-{RELEASE}.tar.gz"))
+    if not found:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             f"pytorch-lightning=={RELEASE}", "-d", str(cache)],
+            check=True,
+        )
+        found = sorted(cache.glob(f"pytorch_lightning-{RELEASE}.tar.gz"))
+    if not found:
+        raise FileNotFoundError(f"pip download wrote no pytorch_lightning-{RELEASE}.tar.gz into {cache}")
+    return found[0]
+
+
+def _git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", *_AUTHOR, *args], cwd=tree, check=True, capture_output=True, text=True).stdout
+
+
+def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
+    """Unpack the sdist into ``dest`` (a new directory), commit it as released, then each item as a commit of its
+    own. Returns the unpacked sdist's root, a git repository whose history is the series."""
+    with tarfile.open(download_sdist(cache)) as archive:
+        archive.extractall(dest, filter="data")
+    root = dest / f"pytorch_lightning-{RELEASE}"
+    _git(root, "init", "--quiet")
+    _git(root, "add", "--all")
+    _git(root, "commit", "--quiet", "-m", f"pytorch-lightning {RELEASE} as released (sdist)")
+    source = LightningSource(root / PACKAGE_IN_SDIST, "pytorch_lightning")
+    for item in ITEMS:
+        item.apply(source)
+        _git(root, "add", "--all")
+        _git(root, "commit", "--quiet", "--allow-empty", "-m", item.commit_message())
+    return root
+
+
+def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.patch"):
+        old.unlink()
+    names = _git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "-o", str(out), "HEAD~" + str(
+        len(ITEMS))).split()
+    patches = [Path(name) if Path(name).is_absolute() else out / name for name in names] or sorted(out.glob("*.patch"))
+    if layout == "repository":
+        for patch_file in patches:
+            patch_file.write_text(to_repository_layout(patch_file.read_text()))
+    return patches
+
+
+def to_repository_layout(patch_text: str) -> str:
+    """A patch against the sdist as a patch against the repository: paths and imports renamed (context lines too,
+    since the repository's files differ from the sdist's exactly by those names)."""
+    for standalone, unified in REPOSITORY_NAMES:
+        patch_text = re.sub(rf"(?<![\w.]){re.escape(standalone)}", unified, patch_text)
+    return patch_text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for the series (*.patch)")
+    parser.add_argument("--layout", choices=("sdist", "repository"), default="sdist")
+    parser.add_argument("--sdist-cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--tree", type=Path, help="also keep the patched sdist here (replaced if present)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        tree = patched_tree(Path(scratch), args.sdist_cache)
+        patches = write_series(tree, args.out, args.layout)
+        if args.tree:
+            shutil.rmtree(args.tree, ignore_errors=True)
+            shutil.copytree(tree, args.tree, ignore=shutil.ignore_patterns(".git"))
+    print(f"{len(patches)} patches ({args.layout} layout) in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
