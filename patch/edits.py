@@ -111,7 +111,9 @@ class ModuleSource:
             end += 1  # and the blank line after it
         self._splice(start, end, "")
 
-    def insert(self, code: str, *, after: str | None = None, before: str | None = None, into: str | None = None) -> None:
+    def insert(
+        self, code: str, *, after: str | None = None, before: str | None = None, into: str | None = None
+    ) -> None:
         """Insert definitions next to the one named ``after``/``before``, or at the end of the class ``into``, or at
         the end of the module (separated as PEP 8 separates them)."""
         if after or before:
