@@ -160,6 +160,45 @@ class ModuleSource:
         node = self.statement(qualname, matches)
         self._splice(self._start_line(node), node.end_lineno, self._indented(code, self._indent_of(node)))
 
+    def replace_condition(self, qualname: str, reads: str, code: str) -> None:
+        """Replace the test of the one ``if`` statement in ``qualname`` whose test reads ``reads`` (a dotted name)."""
+        node = self.statement(qualname, lambda n: isinstance(n, ast.If) and _reads(n.test, reads))
+        test = node.test  # type: ignore[attr-defined]
+        lines = self.lines
+        if test.lineno != test.end_lineno:
+            raise PlaceNotFound(f"{self.name}: the condition reading {reads!r} in {qualname!r} spans several lines")
+        line = lines[test.lineno - 1]
+        lines[test.lineno - 1] = line[: test.col_offset] + code.strip() + line[test.end_col_offset:]
+        self.path.write_text("".join(lines))
+        ast.parse(self.path.read_text(), filename=str(self.path))
+
+    def extend_docstring(self, qualname: str, text: str, *, before_section: str | None = None) -> None:
+        """Add a paragraph to ``qualname``'s docstring: before the line that opens the section ``before_section``
+        (``"Raises:"``), or at its end."""
+        docstring = self.definition(qualname).body[0]
+        if not (isinstance(docstring, ast.Expr) and isinstance(docstring.value, ast.Constant)):
+            raise PlaceNotFound(f"{self.name}: {qualname!r} has no docstring")
+        indent = self._indent_of(docstring)
+        paragraph = self._indented(text, indent) + "\n"
+        if before_section is None:
+            self._splice(docstring.end_lineno, docstring.end_lineno - 1, "\n" + paragraph.rstrip("\n") + "\n")
+            return
+        for number in range(docstring.lineno, docstring.end_lineno + 1):
+            if self.lines[number - 1].strip() == before_section:
+                self._splice(number, number - 1, paragraph)
+                return
+        raise PlaceNotFound(f"{self.name}: the docstring of {qualname!r} has no section {before_section!r}")
+
+    def remove_imported_name(self, name: str) -> None:
+        """Drop ``name`` from the module's ``from ... import`` statement (the whole statement if it was the last)."""
+        for node in self._tree().body:
+            if isinstance(node, ast.ImportFrom) and any(alias.name == name for alias in node.names):
+                kept = [alias for alias in node.names if alias.name != name]
+                text = "" if not kept else ast.unparse(ast.ImportFrom(node.module, kept, node.level)) + "\n"
+                self._splice(node.lineno, node.end_lineno, text)
+                return
+        raise PlaceNotFound(f"{self.name}: no `from ... import {name}`")
+
     def add_import(self, line: str) -> None:
         """Add an import statement after the module's last top-level import."""
         last = [node for node in self._tree().body if isinstance(node, (ast.Import, ast.ImportFrom))][-1]
@@ -191,3 +230,21 @@ def calls(function: str) -> Predicate:
         )
 
     return matches
+
+
+def raises(exception: str) -> Predicate:
+    """A statement (an ``if``, say) whose body raises ``exception``."""
+
+    def matches(node: ast.stmt) -> bool:
+        return isinstance(node, (ast.If, ast.With, ast.Try)) and any(
+            isinstance(inner, ast.Raise) and inner.exc is not None and _reads(inner.exc, exception)
+            for inner in ast.walk(node)
+        )
+
+    return matches
+
+
+def _reads(expression: ast.AST, dotted: str) -> bool:
+    return any(
+        isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) == dotted for node in ast.walk(expression)
+    )

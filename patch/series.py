@@ -16,6 +16,7 @@ also keeps the patched sdist (a directory ``pip install`` accepts): ``python -m 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -36,6 +37,8 @@ REPOSITORY_NAMES = (
     ("pytorch_lightning", "lightning.pytorch"),
     ("lightning_fabric", "lightning.fabric"),
 )
+# Why fixed: the same items make the same series, byte for byte, whenever and wherever it is generated
+_FIXED_DATES = {**os.environ, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
 _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
 
 
@@ -56,7 +59,9 @@ def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
 
 
 def _git(tree: Path, *args: str) -> str:
-    return subprocess.run(["git", *_AUTHOR, *args], cwd=tree, check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *_AUTHOR, *args], cwd=tree, check=True, capture_output=True, text=True, env=_FIXED_DATES
+    ).stdout
 
 
 def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:

@@ -31,4 +31,12 @@ class Item:
         return f"[RFC {self.number}] {self.title}\n\n{self.why.strip()}\n"
 
 
-ITEMS: tuple[Item, ...] = ()
+
+def _items() -> tuple[Item, ...]:
+    # Why imported here: each item module imports `Item` from this package
+    from patch.items import lr_finder, prediction_writer
+
+    return tuple(sorted((m.ITEM for m in (lr_finder, prediction_writer)), key=lambda item: item.number))
+
+
+ITEMS: tuple[Item, ...] = _items()
