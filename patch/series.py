@@ -38,7 +38,8 @@ REPOSITORY_NAMES = (
     ("lightning_fabric", "lightning.fabric"),
 )
 # Why fixed: the same items make the same series, byte for byte, whenever and wherever it is generated
-_FIXED_DATES = {**os.environ, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
+_DATE = "2026-01-01T00:00:00+0000"
+_FIXED_DATES = {**os.environ, "GIT_AUTHOR_DATE": _DATE, "GIT_COMMITTER_DATE": _DATE}
 _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
 
 
