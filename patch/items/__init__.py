@@ -34,9 +34,9 @@ class Item:
 
 def _items() -> tuple[Item, ...]:
     # Why imported here: each item module imports `Item` from this package
-    from patch.items import lr_finder, prediction_writer
+    from patch.items import lr_finder, misuse, prediction_writer
 
-    return tuple(sorted((m.ITEM for m in (lr_finder, prediction_writer)), key=lambda item: item.number))
+    return tuple(sorted((m.ITEM for m in (lr_finder, misuse, prediction_writer)), key=lambda item: item.number))
 
 
 ITEMS: tuple[Item, ...] = _items()
