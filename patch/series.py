@@ -1,6 +1,6 @@
 """The RFC's change list written into pytorch-lightning 2.6.6, as a patch series for review.
 
-    python -m patch.series --out DIR [--layout sdist|repository] [--sdist-cache DIR] [--tree DIR]
+    python -m patch.series --out DIR [--layout sdist|repository] [--sdist-cache DIR] [--tree DIR] [--summary FILE]
 
 Downloads the release's sdist (``pip download --no-deps --no-binary :all: pytorch-lightning==2.6.6``), unpacks it
 into a git repository, applies the items of ``patch.items`` in the RFC's order, one commit per item, and writes the
@@ -11,11 +11,15 @@ with no code is still a patch: what it changes is Lightning's documentation, or 
 ``lightning.pytorch`` and ``lightning.fabric``), where maintainers review it; the sdist is the standalone package
 ``pytorch_lightning``, whose files the release process generated from those by renaming the imports. ``--tree DIR``
 also keeps the patched sdist (a directory ``pip install`` accepts): ``python -m patch.environment`` builds from it.
+``--summary rfc/results/patch-series.json`` writes, per item, the module here that makes its patch and the lines the
+patch adds to and removes from each of Lightning's files: the RFC's change list renders them beside its code pointers.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import json
 import os
 import re
 import shutil
@@ -95,6 +99,31 @@ def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
     return patches
 
 
+def summary(tree: Path) -> dict:
+    """Per item of the series: its number, title, the module here that makes it, and the lines its patch adds to and
+    removes from each of Lightning's files (paths relative to the package)."""
+    commits = _git(tree, "rev-list", "--reverse", f"HEAD~{len(ITEMS)}..HEAD").split()
+    items = []
+    for item, commit in zip(ITEMS, commits, strict=True):
+        files = []
+        for line in _git(tree, "show", "--numstat", "--format=", commit).splitlines():
+            added, removed, path = line.split("\t")
+            files.append({
+                "path": str(Path(path).relative_to(PACKAGE_IN_SDIST)), "added": int(added), "removed": int(removed)
+            })
+        code = Path(inspect.getfile(item.apply_edits)) if item.apply_edits else None
+        items.append({
+            "number": item.number,
+            "title": item.title,
+            "part": item.part,
+            "code": str(code.relative_to(Path(__file__).resolve().parent.parent)) if code else None,
+            "files": files,
+            "added": sum(f["added"] for f in files),
+            "removed": sum(f["removed"] for f in files),
+        })
+    return {"schema": 1, "release": RELEASE, "items": items}
+
+
 def to_repository_layout(patch_text: str) -> str:
     """A patch against the sdist as a patch against the repository: paths and imports renamed (context lines too,
     since the repository's files differ from the sdist's exactly by those names)."""
@@ -109,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=("sdist", "repository"), default="sdist")
     parser.add_argument("--sdist-cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--tree", type=Path, help="also keep the patched sdist here (replaced if present)")
+    parser.add_argument("--summary", type=Path, help="write each item's code here and lines changed (JSON)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
         tree = patched_tree(Path(scratch), args.sdist_cache)
         patches = write_series(tree, args.out, args.layout)
+        if args.summary:
+            args.summary.write_text(json.dumps(summary(tree), indent=1) + "\n")
         if args.tree:
             shutil.rmtree(args.tree, ignore_errors=True)
             shutil.copytree(tree, args.tree, ignore=shutil.ignore_patterns(".git"))

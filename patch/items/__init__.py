@@ -16,12 +16,14 @@ class Item:
     """One item of the RFC's change list: its number, its title (the patch's subject) and the edits that make it.
 
     ``why`` is the commit message's body: what the change does for the flavour and what a user of today's flavour
-    notices. ``apply`` is None for an item whose change is not in Lightning's code; ``why`` then says so."""
+    notices. ``apply_edits`` is None for an item whose change is not in Lightning's code; ``why`` then says so.
+    ``part`` names what the patch makes when it makes only part of the item (the RFC's list says so beside it)."""
 
     number: int
     title: str
     why: str
     apply_edits: Callable[[LightningSource], None] | None = None
+    part: str = ""
 
     def apply(self, source: LightningSource) -> None:
         if self.apply_edits is not None:

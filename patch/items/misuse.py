@@ -34,4 +34,5 @@ selected for the flavour by its parameter name and then called with the iterator
 with a TypeError that names both ways to write the step.
 """,
     _refuse_misuse,
+    part="the refusal of a step taking both a batch and the iterator",
 )

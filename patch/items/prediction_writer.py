@@ -20,4 +20,5 @@ ITEM = Item(
 of every batch the call consumed, so the guard goes.
 """,
     _accept_the_flavour,
+    part="the writer's guard",
 )

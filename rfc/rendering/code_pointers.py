@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rendering.markdown import code, display_path
-from rendering.results import Inputs
+from rendering.results import Inputs, load_json
 
 TAG_RE = re.compile(r"\[RFC (\d+)\]")
 LIST_START = "**What Lightning has to change**"
@@ -190,6 +190,24 @@ def block_code_item(number: int):
     def block(inputs: Inputs, page_dir: Path) -> str:
         tags, _ = read_tags(code_dir(inputs))
         tagged = sorted((t for t in tags if t.item == number), key=lambda t: (t.module.count("."), t.module, t.line))
-        return ", ".join(dict.fromkeys(code(tag.pointer) for tag in tagged))
+        return ", ".join(dict.fromkeys(code(tag.pointer) for tag in tagged)) + _in_the_patch(inputs, number)
 
     return block
+
+
+PATCH_SUMMARY = "patch-series.json"  # written by `python -m patch.series --summary rfc/results/patch-series.json`
+
+
+def _in_the_patch(inputs: Inputs, number: int) -> str:
+    """Where the patch series makes item ``number`` (the module here and the lines it adds to and removes from
+    Lightning), or that the series does not make it yet; nothing without a series summary."""
+    path = inputs.results_dir / PATCH_SUMMARY
+    if not path.is_file():
+        return ""
+    summary = load_json(path)
+    item = next((item for item in summary["items"] if item["number"] == number), None)
+    if item is None:
+        return f"; the patch to Lightning {summary['release']}: not in the series yet"
+    files = ", ".join(f"{code(f['path'])} +{f['added']} \u2212{f['removed']}" for f in item["files"])
+    part = f", so far {item['part']}" if item.get("part") else ""
+    return f"; the patch to Lightning {summary['release']}{part}: {code(item['code'])} ({files})"
