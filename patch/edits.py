@@ -41,6 +41,7 @@ class LightningSource:
         path = self.root.joinpath(*dotted.split(".")).with_suffix(".py")
         if path.exists():
             raise FileExistsError(f"{self.package}.{dotted} exists already; edit it instead")
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
 
@@ -134,12 +135,16 @@ class ModuleSource:
         self._splice(len(self.lines) + 1, len(self.lines), "\n\n" + self._indented(code, ""))
 
     def insert_in_body(
-        self, qualname: str, code: str, *, at_start: bool = False, before: Predicate | None = None,
-        after: Predicate | None = None,
+        self, qualname: str, code: str, *, at_start: bool = False, at_end: bool = False,
+        before: Predicate | None = None, after: Predicate | None = None,
     ) -> None:
-        """Insert statements into ``qualname``'s body: first (after its docstring), or before/after the one statement
-        that the predicate matches."""
+        """Insert statements into ``qualname``'s body: first (after its docstring), last, or before/after the one
+        statement that the predicate matches."""
         definition = self.definition(qualname)
+        if at_end:
+            last = definition.body[-1]
+            self._splice(last.end_lineno + 1, last.end_lineno, self._indented(code, self._indent_of(last)))
+            return
         if at_start:
             body = definition.body
             has_docstring = isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
@@ -159,6 +164,17 @@ class ModuleSource:
     def replace_statement(self, qualname: str, matches: Predicate, code: str) -> None:
         node = self.statement(qualname, matches)
         self._splice(self._start_line(node), node.end_lineno, self._indented(code, self._indent_of(node)))
+
+    def add_parameters(self, qualname: str, parameters: str) -> None:
+        """Add keyword parameters (``"progress: Optional[_Progress] = None"``) after a function's last parameter."""
+        function = self.definition(qualname)
+        last = (function.args.kwonlyargs or function.args.args)[-1]  # type: ignore[union-attr]
+        end = last.annotation if last.annotation is not None else last
+        lines = self.lines
+        line = lines[end.end_lineno - 1]
+        lines[end.end_lineno - 1] = line[: end.end_col_offset] + ", " + parameters + line[end.end_col_offset:]
+        self.path.write_text("".join(lines))
+        ast.parse(self.path.read_text(), filename=str(self.path))
 
     def replace_condition(self, qualname: str, reads: str, code: str) -> None:
         """Replace the test of the one ``if`` statement in ``qualname`` whose test reads ``reads`` (a dotted name)."""

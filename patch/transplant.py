@@ -9,10 +9,12 @@ prototype is a verdict on the patch's code too.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
 from typing import Any
 
 
@@ -23,3 +25,91 @@ def definition_source(obj: Callable[..., Any] | type, *, name: str, constants: M
     for constant, literal in constants.items():
         source = re.sub(rf"\b{re.escape(constant)}\b", literal, source)
     return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source)
+
+
+def module_source(
+    module: ModuleType,
+    *,
+    imports: Mapping[str, str],
+    names: Mapping[str, str] = {},
+    keep: Iterable[str] | None = None,
+    drop: Iterable[str] = (),
+) -> str:
+    """A prototype module as a module of Lightning's: its imports of ``prototypes`` modules rewritten by ``imports``
+    (prototype module -> Lightning module, longest prefix first), identifiers renamed by ``names``, only the
+    top-level definitions in ``keep`` (all by default) less those in ``drop``, and the imports nothing uses any more
+    left out."""
+    tree = ast.parse(inspect.getsource(module))
+    keep = set(keep) if keep is not None else None
+    body = []
+    for node in tree.body:
+        defined = _defined_names(node)
+        if defined and (defined & set(drop) or (keep is not None and not defined & keep)):
+            continue
+        body.append(node)
+    tree.body = body
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | _names_in_strings(tree)
+    lines = inspect.getsource(module).splitlines(keepends=True)
+    pieces, previous_end = [], 0
+    for node in tree.body:
+        start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        gap = lines[previous_end:start - 1]
+        pieces.append("".join(gap))
+        text = "".join(lines[start - 1:node.end_lineno])
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            text = _rewritten_import(node, used, imports)
+        pieces.append(text)
+        previous_end = node.end_lineno
+    source = re.sub(r"\n{3,}(?=(?:from|import) )", "\n\n", "".join(pieces))
+    for old, new in names.items():
+        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
+    return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source).rstrip("\n") + "\n"
+
+
+def _defined_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    return set()
+
+
+def _names_in_strings(tree: ast.AST) -> set[str]:
+    """Names used in string annotations (``from __future__ import annotations`` keeps them as text)."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.FunctionDef | ast.AnnAssign):
+            annotation = node.returns if isinstance(node, ast.FunctionDef) else node.annotation
+            if annotation is not None:
+                found |= {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)}
+    return found
+
+
+def _rewritten_import(node: ast.Import | ast.ImportFrom, used: set[str], imports: Mapping[str, str]) -> str:
+    """The import with what nothing uses left out, a ``prototypes`` module replaced by its Lightning module:
+    ``imports`` maps a module (or ``"module:name"``, for one name of it) to its Lightning module."""
+    if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+        return ast.unparse(node) + "\n"
+    kept = [a for a in node.names if (a.asname or a.name).split(".")[0] in used]
+    if not kept:
+        return ""
+    if isinstance(node, ast.Import):
+        return ast.unparse(ast.Import(kept)) + "\n"
+    module = node.module or ""
+    if not module.startswith("prototypes"):
+        return ast.unparse(ast.ImportFrom(module, kept, 0)) + "\n"
+    by_target: dict[str, list[ast.alias]] = {}
+    for alias in kept:
+        by_target.setdefault(_lightning_module(module, alias.name, imports), []).append(alias)
+    return "".join(ast.unparse(ast.ImportFrom(target, aliases, 0)) + "\n" for target, aliases in by_target.items())
+
+
+def _lightning_module(module: str, name: str, imports: Mapping[str, str]) -> str:
+    if f"{module}:{name}" in imports:
+        return imports[f"{module}:{name}"]
+    for prototype in sorted(imports, key=len, reverse=True):
+        if module == prototype or module.startswith(prototype + "."):
+            return imports[prototype] + module[len(prototype):]
+    raise KeyError(f"no Lightning module given for `from {module} import {name}`: add it to `imports`")

@@ -36,9 +36,10 @@ class Item:
 
 def _items() -> tuple[Item, ...]:
     # Why imported here: each item module imports `Item` from this package
-    from patch.items import lr_finder, misuse, prediction_writer
+    from patch.items import look_ahead, lr_finder, misuse, prediction_writer
 
-    return tuple(sorted((m.ITEM for m in (lr_finder, misuse, prediction_writer)), key=lambda item: item.number))
+    modules = (look_ahead, lr_finder, misuse, prediction_writer)
+    return tuple(sorted((module.ITEM for module in modules), key=lambda item: item.number))
 
 
 ITEMS: tuple[Item, ...] = _items()

@@ -1,0 +1,142 @@
+"""[RFC 2] Look one batch ahead: the step's iterator, one per loop over a dataloader, from a fetcher that hands out
+the batches the step consumes.
+
+The fetcher and what it is built from are the recommended design's own modules, carried into a private package of
+Lightning's loops (``loops/_dataloader_iter/``) by ``patch.transplant``; the loops choose it where they chose
+Lightning's ``_DataLoaderIterDataFetcher``.
+"""
+
+import prototypes.common
+import prototypes.lightning_changes.draining
+import prototypes.lightning_changes.fit_loop
+import prototypes.lightning_changes.log_batch_size
+import prototypes.prefetcher.fetcher
+import prototypes.prefetcher.options
+import prototypes.prefetcher.prefetch_thread
+import prototypes.prefetcher.producer
+import prototypes.prefetcher.profiler_guard
+import prototypes.prefetcher.step_calls
+from patch.edits import LightningSource, assigns, calls
+from patch.items import Item
+from patch.transplant import module_source
+
+PACKAGE = "loops._dataloader_iter"
+LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
+IMPORTS = {
+    "prototypes.common": f"{LIGHTNING_PACKAGE}.common",
+    "prototypes.prefetcher": LIGHTNING_PACKAGE,
+    "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.loader_state",
+    "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
+    "prototypes.lightning_changes:samples_in": f"{LIGHTNING_PACKAGE}.log_batch_size",
+}
+# the progress classes count consumed batches themselves once item 1 is in
+NAMES = {"CountsConsumed": "_Progress"}
+# module in the package -> (prototype module, the definitions it takes: None for all, the ones it leaves)
+MODULES = {
+    "common": (prototypes.common, None, {"Design"}),
+    "loader_state": (prototypes.lightning_changes.fit_loop, {"loader_state_reader"}, ()),
+    "producer": (prototypes.prefetcher.producer, None, ()),
+    "prefetch_thread": (prototypes.prefetcher.prefetch_thread, None, ()),
+    "profiler_guard": (prototypes.prefetcher.profiler_guard, None, ()),
+    "options": (prototypes.prefetcher.options, None, ()),
+    "step_calls": (prototypes.prefetcher.step_calls, None, ()),
+    "fetcher": (prototypes.prefetcher.fetcher, None, ()),
+    "draining": (prototypes.lightning_changes.draining, None, ()),
+    "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, ()),
+}
+PACKAGE_DOCSTRING = (
+    '"""What the loops use when a step takes ``dataloader_iter``: the fetcher that hands out the batches the step\n'
+    "consumes (``fetcher``), what it is built from (the producer on the loading side, the record of the epoch's step\n"
+    "calls on the loop's side, an optional prefetch thread), the drain calls and the ranks' end-of-data vote.\"\"\"\n"
+)
+
+
+def _look_ahead(source: LightningSource) -> None:
+    source.add_module(f"{PACKAGE}.__init__", PACKAGE_DOCSTRING)
+    for name, (module, keep, drop) in MODULES.items():
+        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop)
+        source.add_module(f"{PACKAGE}.{name}", text)
+
+    utilities = source.module("loops.utilities")
+    utilities.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+    utilities.add_parameters(
+        "_select_data_fetcher", "progress: Optional[_Progress] = None, drain_dataloader: Optional[Callable] = None"
+    )
+    utilities.add_import("from pytorch_lightning.loops.progress import _Progress")
+    utilities.replace_statement(
+        "_select_data_fetcher",
+        calls("_DataLoaderIterDataFetcher"),
+        """
+        # `progress` counts the batches the step consumes; `drain_dataloader`: an evaluation loop's drain calls at
+        # the end of a dataloader (training drains in its epoch loop)
+        return _PrefetchingIterFetcher(
+            trainer, trainer._dataloader_iter_resources, step_fx_name, progress, drain_dataloader
+        )
+        """,
+    )
+
+    trainer = source.module("trainer.trainer")
+    trainer.add_import(f"from {LIGHTNING_PACKAGE}.options import Options, RunResources")
+    trainer.insert_in_body(
+        "Trainer.__init__",
+        """
+        # What a step taking `dataloader_iter` is fed with: no prefetch thread unless asked for (the options), and
+        # the run's resources (a copy stream, the profiler guard), rebuilt rather than pickled with the Trainer
+        self._dataloader_iter_resources = RunResources(Options())
+        """,
+        at_end=True,
+    )
+
+    fit_loop = source.module("loops.fit_loop")
+    fit_loop.insert_in_body(
+        "_FitLoop.__init__",
+        """
+        # the installed fetcher when the training step takes `dataloader_iter`, else None: decided once per
+        # fetcher, since the loops ask on every batch
+        self.prefetching_fetcher: Optional[_PrefetchingIterFetcher] = None
+        """,
+        after=assigns("self._data_fetcher"),
+    )
+    fit_loop.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+    fit_loop.replace_statement(
+        "_FitLoop.setup_data",
+        assigns("self._data_fetcher"),
+        """
+        self._data_fetcher = _select_data_fetcher(trainer, RunningStage.TRAINING, self.epoch_loop.batch_progress)
+        fetcher = self._data_fetcher
+        self.prefetching_fetcher = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        """,
+    )
+    fit_loop.insert_in_body(
+        "_FitLoop.on_advance_end",
+        """
+        if self.prefetching_fetcher is not None:
+            self.prefetching_fetcher.stop()  # the prefetch thread must not outlive the epoch
+        """,
+        at_start=True,
+    )
+    fit_loop.insert_in_body(
+        "_FitLoop.teardown",
+        """
+        self.prefetching_fetcher = None
+        self.trainer._dataloader_iter_resources.end_run()
+        """,
+        at_end=True,
+    )
+
+
+ITEM = Item(
+    2,
+    "Look one batch ahead: one dataloader_iter per loop over a dataloader, from a fetcher of consumed batches",
+    """
+`_DataLoaderIterDataFetcher` handed the step an iterator over the fetcher itself: `done` was only known after the
+step had tried to read past the end, `on_train_batch_start` saw the batch of the previous call, and nothing said
+which batches the step had consumed. The loops now choose `_PrefetchingIterFetcher` (in the new private package
+`loops/_dataloader_iter/`): it peeks one batch ahead, so `done` is exact and the batch hooks see the batch the step
+gets first; it counts the batches handed out, records each step call's batches, and hands every step call of a
+loop over a dataloader the same iterator, valid until that loop ends. A `next()` between two calls (a pipeline's own
+loading thread) counts toward the next call. By default it loads on the step's thread; the run's options
+(`Trainer._dataloader_iter_resources`) can give it a prefetch thread.
+""",
+    _look_ahead,
+)
