@@ -264,3 +264,8 @@ def _reads(expression: ast.AST, dotted: str) -> bool:
     return any(
         isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) == dotted for node in ast.walk(expression)
     )
+
+
+def returns(node: ast.stmt) -> bool:
+    """A ``return`` statement (where a function has exactly one)."""
+    return isinstance(node, ast.Return)

@@ -41,25 +41,32 @@ def module_source(
     left out."""
     tree = ast.parse(inspect.getsource(module))
     keep = set(keep) if keep is not None else None
-    body = []
-    for node in tree.body:
+    kept: list[tuple[int, ast.stmt]] = []
+    for index, node in enumerate(tree.body):
         defined = _defined_names(node)
         if defined and (defined & set(drop) or (keep is not None and not defined & keep)):
             continue
-        body.append(node)
-    tree.body = body
+        kept.append((index, node))
+    tree.body = [node for _, node in kept]
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | _names_in_strings(tree)
     lines = inspect.getsource(module).splitlines(keepends=True)
-    pieces, previous_end = [], 0
-    for node in tree.body:
+    pieces, previous_end, previous_index = [], 0, -1
+    for index, node in kept:
         start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
         gap = lines[previous_end:start - 1]
+        if index != previous_index + 1:  # definitions left out in between: keep only the comments above this one
+            comments = []
+            for line in reversed(gap):
+                if not line.lstrip().startswith("#"):
+                    break
+                comments.insert(0, line)
+            gap = ["\n", "\n", *comments]
         pieces.append("".join(gap))
         text = "".join(lines[start - 1:node.end_lineno])
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             text = _rewritten_import(node, used, imports)
         pieces.append(text)
-        previous_end = node.end_lineno
+        previous_end, previous_index = node.end_lineno, index
     source = re.sub(r"\n{3,}(?=(?:from|import) )", "\n\n", "".join(pieces))
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
@@ -113,3 +120,14 @@ def _lightning_module(module: str, name: str, imports: Mapping[str, str]) -> str
         if module == prototype or module.startswith(prototype + "."):
             return imports[prototype] + module[len(prototype):]
     raise KeyError(f"no Lightning module given for `from {module} import {name}`: add it to `imports`")
+
+
+def methods_source(cls: type, names: Iterable[str]) -> str:
+    """The definitions of ``cls``'s methods (and properties) ``names``, dedented, in the order given, as a class body
+    holds them: the prototype's own methods, for a Lightning class to hold."""
+    pieces = []
+    for name in names:
+        member = cls.__dict__[name]
+        function = member.fget if isinstance(member, property) else member
+        pieces.append(textwrap.dedent(inspect.getsource(function)))
+    return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", "\n".join(pieces))

@@ -36,9 +36,24 @@ class Item:
 
 def _items() -> tuple[Item, ...]:
     # Why imported here: each item module imports `Item` from this package
-    from patch.items import look_ahead, lr_finder, misuse, prediction_writer
+    from patch.items import (
+        accumulation,
+        checkpoints,
+        draining,
+        evaluation,
+        log_batch_size,
+        look_ahead,
+        lr_finder,
+        misuse,
+        prediction_writer,
+        progress,
+        vote,
+    )
 
-    modules = (look_ahead, lr_finder, misuse, prediction_writer)
+    modules = (
+        progress, look_ahead, draining, accumulation, checkpoints, evaluation, vote, log_batch_size, misuse, lr_finder,
+        prediction_writer,
+    )
     return tuple(sorted((module.ITEM for module in modules), key=lambda item: item.number))
 
 

@@ -63,6 +63,7 @@ def _look_ahead(source: LightningSource) -> None:
         "_select_data_fetcher", "progress: Optional[_Progress] = None, drain_dataloader: Optional[Callable] = None"
     )
     utilities.add_import("from pytorch_lightning.loops.progress import _Progress")
+    utilities.remove_imported_name("_DataLoaderIterDataFetcher")
     utilities.replace_statement(
         "_select_data_fetcher",
         calls("_DataLoaderIterDataFetcher"),

@@ -1,5 +1,6 @@
 """[RFC 10] Misuse is refused with a message that names the fix."""
 
+import ast
 import json
 
 from patch.edits import LightningSource, calls
@@ -22,6 +23,25 @@ def _refuse_misuse(source: LightningSource) -> None:
     utilities.insert_in_body(
         "_select_data_fetcher", "_refuse_mixed_step_signature(step_fx, step_fx_name)", before=calls("rank_zero_warn")
     )
+    manual = source.module("loops.optimization.manual")
+    manual.replace_statement(
+        "_ManualOptimization.run",
+        lambda node: isinstance(node, ast.With),
+        """
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
+        if fetcher is None:
+            with suppress(StopIteration):  # no loop to break at this level
+                self.advance(kwargs)
+        else:
+            try:
+                self.advance(kwargs)
+            except StopIteration:
+                fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
+                return {}
+            finally:
+                fetcher.end_step_call()
+        """,
+    )
 
 
 ITEM = Item(
@@ -34,5 +54,4 @@ selected for the flavour by its parameter name and then called with the iterator
 with a TypeError that names both ways to write the step.
 """,
     _refuse_misuse,
-    part="the refusal of a step taking both a batch and the iterator",
 )

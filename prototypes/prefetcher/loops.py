@@ -44,6 +44,12 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
         fetcher = self.trainer.fit_loop.prefetching_fetcher
         if fetcher is None:
             return super().run(optimizer, batch_idx, kwargs)
+        return self.run_fetched_step_call(fetcher, optimizer, kwargs)
+
+    def run_fetched_step_call(
+        self, fetcher: _PrefetchingIterFetcher, optimizer: torch.optim.Optimizer, kwargs: Any
+    ) -> Any:
+        """A step call fed by the prefetching fetcher: the step-first optimisation, with the call's end of data."""
         step_call_idx = fetcher.calls.call.index - 1
         try:
             return self.run_step_call(

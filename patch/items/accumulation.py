@@ -1,0 +1,74 @@
+"""[RFC 5] The optimizer step, or accumulation, decided after the step returns."""
+
+from patch.edits import LightningSource, assigns
+from patch.items import Item
+from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.transplant import methods_source
+from prototypes.lightning_changes.optimization import StepFirstAutomaticOptimization
+from prototypes.prefetcher.loops import _StepCallAutomaticOptimization
+
+
+def _step_after_the_call(source: LightningSource) -> None:
+    automatic = source.module("loops.optimization.automatic")
+    automatic.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+    automatic.insert_in_body(
+        "_AutomaticOptimization.__init__",
+        """
+        self._window_open = False  # gradients accumulated since the last optimizer step (a step pulling batches)
+        self._window_loss: Optional[Tensor] = None  # the loss of the window's last call
+        """,
+        after=assigns("self._skip_backward"),
+    )
+    automatic.insert_in_body(
+        "_AutomaticOptimization.run",
+        """
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
+        if fetcher is not None:
+            return self.run_fetched_step_call(fetcher, optimizer, kwargs)
+        """,
+        at_start=True,
+    )
+    automatic.insert(
+        methods_source(_StepCallAutomaticOptimization, ("run_fetched_step_call",))
+        + "\n"
+        + methods_source(
+            StepFirstAutomaticOptimization,
+            ("start_epoch", "run_step_call", "close_window", "_zero_grad_fn_of_a_drain_call"),
+        ),
+        after="_AutomaticOptimization.run",
+    )
+
+    epoch_loop = source.module("loops.training_epoch_loop")
+    epoch_loop.insert_in_body(
+        "_TrainingEpochLoop.on_run_start",
+        """
+        self.automatic_optimization.start_epoch()
+        """,
+        at_end=True,
+    )
+    epoch_loop.insert_in_body(
+        "_TrainingEpochLoop._accumulated_batches_reached",
+        """
+        accumulate = self.trainer.accumulate_grad_batches
+        if accumulate == 1:
+            return True  # Lightning asks six times per batch
+        if self.trainer.fit_loop.prefetching_fetcher is not None:
+            return self._step_calls_this_epoch() % accumulate == 0  # the window counts step calls
+        """,
+        at_start=True,
+    )
+
+
+ITEM = Item(
+    5,
+    "The optimizer step, or accumulation, decided after the step returns",
+    """
+Lightning ran the step inside `optimizer.step(closure)` and decided beforehand whether to step. A step that pulls its
+batches tells only by returning whether it took the epoch's last batch (which closes the accumulation window), and a
+call cut short by `StopIteration` must not reach `optimizer.step`. With `dataloader_iter`, the closure (step,
+`zero_grad`, backward) now runs first and the optimizer steps afterwards with the loss already computed, or the window
+stays open; `accumulate_grad_batches` counts step calls, the epoch's last call closes the window, and a drain call is a
+window of its own. The regular flavour's path is unchanged.
+""",
+    _step_after_the_call,
+)

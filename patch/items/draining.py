@@ -1,0 +1,47 @@
+"""[RFC 3] Drain a pipelining step at the end of the data."""
+
+from patch.edits import LightningSource
+from patch.items import Item
+from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.transplant import methods_source
+from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop
+from prototypes.prefetcher.loops import _PrefetchingEpochLoop
+
+
+def _drain(source: LightningSource) -> None:
+    epoch_loop = source.module("loops.training_epoch_loop")
+    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, epoch_stopped_early")
+    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import every_rank_has_a_batch")
+    epoch_loop.add_import("from collections.abc import Iterator")
+    epoch_loop.insert(
+        methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",
+                                               "_consumed_by_last_call", "_draining", "_run_drain_call"))
+        + "\n"
+        + methods_source(BatchCountingEpochLoop, ("_drain_if_the_data_ended", "_drain_held_batches", "_drain_call")),
+        after="_TrainingEpochLoop.advance",
+    )
+    epoch_loop.insert_in_body(
+        "_TrainingEpochLoop.advance",
+        """
+        if self.trainer.fit_loop.prefetching_fetcher is not None:
+            # batches a pipelining step still holds belong to this epoch's training: drained before the epoch-end
+            # validation of `on_advance_end`
+            self._drain_if_the_data_ended(self.trainer.fit_loop.prefetching_fetcher.calls.call.cut_short)
+        """,
+        at_end=True,
+    )
+
+
+ITEM = Item(
+    3,
+    "Drain a pipelining step at the end of the data",
+    """
+A step that pipelines (it pulled batch i+1 and keeps it for the next call) still holds untrained batches when the
+epoch's last batch has been handed out; Lightning ended the epoch and dropped them. After the call that took the last
+batch, the loop now calls the step again with the exhausted iterator (`done` True on entry) until a call raises
+`StopIteration` or does no work (returns nothing and steps no optimizer), before the epoch-end validation. A drain call
+has no batch hooks and counts no batch; one that steps an optimizer is a step of the loop (schedulers, a logger row of
+its own). Under DDP the ranks vote after every drain call, so all make the same number.
+""",
+    _drain,
+)

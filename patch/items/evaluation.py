@@ -1,0 +1,120 @@
+"""[RFC 7] Evaluation and prediction steps get one iterator per dataloader, and their batch-start hooks the call's first
+batch."""
+
+import ast
+
+import prototypes.prefetcher.loops
+from patch.edits import LightningSource, assigns
+from patch.items import Item
+from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, PACKAGE
+from patch.transplant import methods_source, module_source
+from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
+
+_STEP_CALL = "_step_call"
+
+
+def _is_the_while_loop(node: ast.stmt) -> bool:
+    return isinstance(node, ast.While)
+
+
+_EVALUATION_DRAIN = """
+@property
+def _step_name(self) -> str:
+    return "test_step" if self.trainer.testing else "validation_step"
+
+def _drain_dataloader(self, dataloader_idx: int) -> None:
+    \"\"\"The drain calls at the end of a dataloader's batches, before the loop moves on.\"\"\"
+    fetcher = self._data_fetcher
+    step = functools.partial(call._call_strategy_hook, self.trainer, self._step_name)
+
+    def run_call() -> tuple[bool, Any]:
+        output = _step_call(self, step, fetcher.start_step_call(drain=True))
+        return fetcher.calls.call.cut_short, output
+
+    with fetcher.calls.drain_calls():
+        drain(self.trainer, functools.partial(evaluation_drain_call, self, dataloader_idx, run_call), self._step_name)
+
+def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
+    \"\"\"After each step call taking ``dataloader_iter``, before its batch-end hooks.\"\"\"
+"""
+
+
+def _one_iterator_per_dataloader(source: LightningSource) -> None:
+    # the evaluation step call, as the prototype runs it: the StopIteration at its dataloader's end ends the call
+    source.add_module(
+        f"{PACKAGE}.evaluation_step",
+        module_source(
+            prototypes.prefetcher.loops, imports=IMPORTS, keep={_STEP_CALL},
+            names={"_PrefetchingEvaluationSteps": "Any"},
+        ),
+    )
+    for module, loop, hook, step, output, drain in (
+        ("loops.evaluation_loop", "_EvaluationLoop", "_evaluation_step", "hook_name", "output",
+         "self._drain_dataloader"),
+        ("loops.prediction_loop", "_PredictionLoop", "_predict_step", '"predict_step"', "predictions", "None"),
+    ):
+        lightning = source.module(module)
+        lightning.replace_statement(
+            f"{loop}.reset",
+            assigns("data_fetcher"),
+            f"""
+            data_fetcher = _select_data_fetcher(
+                self.trainer, self.trainer.state.stage, self.batch_progress, {drain}
+            )
+            """,
+        )
+        lightning.add_import(f"from {LIGHTNING_PACKAGE}.evaluation_step import {_STEP_CALL}")
+        lightning.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+        lightning.add_import("import functools")
+        strategy_step = f"call._call_strategy_hook(trainer, {step}, *step_args)"
+        lightning.replace_statement(
+            f"{loop}.{hook}",
+            assigns(output),
+            f"""
+            {output} = (
+                {_STEP_CALL}(self, functools.partial(call._call_strategy_hook, trainer, {step}), dataloader_iter)
+                if using_dataloader_iter
+                else {strategy_step}
+            )
+            """,
+        )
+        lightning.insert_in_body(
+            f"{loop}.run",
+            """
+            if isinstance(data_fetcher, _PrefetchingIterFetcher):
+                data_fetcher.stop()  # the prefetch thread must not outlive the run
+            """,
+            after=_is_the_while_loop,
+        )
+
+    evaluation = source.module("loops.evaluation_loop")
+    evaluation.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, evaluation_drain_call")
+    evaluation.insert(_EVALUATION_DRAIN, after="_EvaluationLoop._evaluation_step")
+
+    prediction = source.module("loops.prediction_loop")
+    prediction.insert(
+        methods_source(PredictionWriterSeesStepCalls, ("_on_step_returned", "_seen_indices")),
+        after="_PredictionLoop._predict_step",
+    )
+    prediction.insert_in_body(
+        "_PredictionLoop._predict_step",
+        """
+        if using_dataloader_iter and data_fetcher.calls.call.cut_short and self._return_predictions:
+            self._predictions[data_fetcher.dataloader_idx].pop()  # a call ended by StopIteration predicted nothing
+        """,
+        at_end=True,
+    )
+
+
+ITEM = Item(
+    7,
+    "Evaluation and prediction steps get one iterator per dataloader; their batch-start hooks, the call's first batch",
+    """
+`validation_step`, `test_step` and `predict_step` taking `dataloader_iter` got Lightning's iterator over the whole run:
+a step could read across dataloaders, and a `StopIteration` at one dataloader's end ended the run for all of them.
+They now get the fetcher of the training loop: one iterator per dataloader, ending at that dataloader's last batch
+(`done`, then `StopIteration`, which ends the call and not the run); the next dataloader starts a new call, and the
+batch-start hooks see the batch the call gets first.
+""",
+    _one_iterator_per_dataloader,
+)

@@ -1,0 +1,39 @@
+"""[RFC 9] ``self.log`` infers the batch size from the samples the step consumed."""
+
+import ast
+
+from patch.edits import LightningSource
+from patch.items import Item
+from patch.items.look_ahead import LIGHTNING_PACKAGE
+
+
+def _mentions_dataloader_iter(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "dataloader_iter" in ast.unparse(node.test)
+
+
+def _batch_size_from_the_loop(source: LightningSource) -> None:
+    module = source.module("core.module")
+    module.add_import(f"from {LIGHTNING_PACKAGE}.log_batch_size import samples_in")
+    module.insert_in_body(
+        "LightningModule.log",
+        """
+        if batch_size is None and trainer.training and trainer.fit_loop.prefetching_fetcher is not None:
+            # the loop knows the batches the running step call consumed (before its first next(), the batch it will
+            # get); the guard below still asks for `batch_size=` when their size cannot be inferred
+            batch_size = samples_in(trainer.fit_loop.prefetching_fetcher.step_batches())
+        """,
+        before=_mentions_dataloader_iter,
+    )
+
+
+ITEM = Item(
+    9,
+    "self.log infers the batch size from the samples the step consumed",
+    """
+With `training_step(self, dataloader_iter)`, `self.log` required `batch_size=`, since Lightning could not know which
+batches the step had taken. The loop knows: the batch size is now the samples in the batches the running step call
+consumed (before its first `next()`, those of the batch it will get; 1 in a drain call). `batch_size=` is still
+asked for when a batch's size cannot be inferred.
+""",
+    _batch_size_from_the_loop,
+)
