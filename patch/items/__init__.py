@@ -45,16 +45,20 @@ def _items() -> tuple[Item, ...]:
         look_ahead,
         lr_finder,
         misuse,
+        no_edits_of_their_own,
         prediction_writer,
         progress,
+        stepping_batches,
         vote,
     )
 
     modules = (
         progress, look_ahead, draining, accumulation, checkpoints, evaluation, vote, log_batch_size, misuse, lr_finder,
-        prediction_writer,
+        stepping_batches, prediction_writer,
     )
-    return tuple(sorted((module.ITEM for module in modules), key=lambda item: item.number))
+    notes = no_edits_of_their_own
+    items = [module.ITEM for module in modules] + [notes.TRANSFER, notes.LIMITS, notes.THROUGHPUT, notes.TRAINER_OBJECT]
+    return tuple(sorted(items, key=lambda item: item.number))
 
 
 ITEMS: tuple[Item, ...] = _items()

@@ -17,8 +17,7 @@ ITEM = Item(
     """
 `BasePredictionWriter.setup` raised NotImplementedError for any module whose `predict_step` takes
 `dataloader_iter`, before any loop ran. The prediction loop now gives the writers, per step call, the sample indices
-of every batch the call consumed, so the guard goes.
+of every batch the call consumed (item 7), so the guard goes.
 """,
     _accept_the_flavour,
-    part="the writer's guard",
 )

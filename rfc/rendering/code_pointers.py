@@ -208,6 +208,12 @@ def _in_the_patch(inputs: Inputs, number: int) -> str:
     item = next((item for item in summary["items"] if item["number"] == number), None)
     if item is None:
         return f"; the patch to Lightning {summary['release']}: not in the series yet"
-    files = ", ".join(f"{code(f['path'])} +{f['added']} \u2212{f['removed']}" for f in item["files"])
+    if item["code"] is None:
+        return f"; the patch to Lightning {summary['release']}: no edits of its own, {item['part']}"
+    files = (
+        ", ".join(f"{code(f['path'])} +{f['added']} \u2212{f['removed']}" for f in item["files"])
+        if len(item["files"]) <= 3
+        else f"+{item['added']} \u2212{item['removed']} lines in {len(item['files'])} files"
+    )
     part = f", so far {item['part']}" if item.get("part") else ""
     return f"; the patch to Lightning {summary['release']}{part}: {code(item['code'])} ({files})"

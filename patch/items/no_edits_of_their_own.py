@@ -1,0 +1,49 @@
+"""The items whose change the patch makes elsewhere, or not in Lightning's code: each says where, or why."""
+
+from patch.items import Item
+
+TRANSFER = Item(
+    4,
+    "Every batch passes the precision conversion and the three transfer hooks when, or before, it is handed out",
+    part="item 2's fetcher makes it",
+    why="""
+No edit of its own: the fetcher of item 2 builds each batch with `BatchTransfer` (`loops/_dataloader_iter/common.py`),
+which converts its precision and runs `on_before_batch_transfer`, `transfer_batch_to_device` and
+`on_after_batch_transfer` before the step's `next()` returns it. Lightning skipped all four for a step taking
+`dataloader_iter`, which had to move its batches itself.
+""",
+)
+
+LIMITS = Item(
+    11,
+    "A limit bounds what is read, not only what is trained; the profiler keeps its action names",
+    part="item 2's producer makes it",
+    why="""
+No edit of its own: the producer of item 2 (`loops/_dataloader_iter/producer.py`) stops reading at the loader's
+length and the `limit_*_batches` limit, so a look-ahead or a prefetch thread never reads past them, and the loops keep
+their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next` names do not change.
+""",
+)
+
+THROUGHPUT = Item(
+    14,
+    "ThroughputMonitor learns about every batch a step took",
+    part="not written yet",
+    why="""
+Not in this series yet: `ThroughputMonitor` adds one batch and `batch_size_fn` of `on_train_batch_end`'s batch per
+step call, which with several batches per call is the call's last one. The counts it needs are items 1 and 9; how the
+monitor reads them (a public `step_batches` on the training loop, or the hook's arguments) is a question for review.
+""",
+)
+
+TRAINER_OBJECT = Item(
+    16,
+    "Every loop change leaves the Trainer an object Lightning and its users can copy",
+    part="item 2's run resources make it",
+    why="""
+No edit of its own: the run's resources of item 2 (`loops/_dataloader_iter/options.py`, a copy stream and the profiler
+guard) are rebuilt, not pickled, when the Trainer is (`strategy="ddp_spawn"`, `copy.deepcopy`), the prefetch thread is
+made and joined per loop over the data, and the progress objects keep exactly Lightning's fields, so a regular
+module's checkpoint is stock Lightning's.
+""",
+)
