@@ -34,15 +34,18 @@ def module_source(
     names: Mapping[str, str] = {},
     keep: Iterable[str] | None = None,
     drop: Iterable[str] = (),
+    docstring: str | None = None,
 ) -> str:
     """A prototype module as a module of Lightning's: its imports of ``prototypes`` modules rewritten by ``imports``
     (prototype module -> Lightning module, longest prefix first), identifiers renamed by ``names``, only the
-    top-level definitions in ``keep`` (all by default) less those in ``drop``, and the imports nothing uses any more
-    left out."""
+    top-level definitions in ``keep`` (all by default) less those in ``drop``, the imports nothing uses any more left
+    out, and the module's docstring replaced by ``docstring`` (written for Lightning's readers) when given."""
     tree = ast.parse(inspect.getsource(module))
     keep = set(keep) if keep is not None else None
     kept: list[tuple[int, ast.stmt]] = []
     for index, node in enumerate(tree.body):
+        if index == 0 and docstring is not None and isinstance(node, ast.Expr):
+            continue
         defined = _defined_names(node)
         if defined and (defined & set(drop) or (keep is not None and not defined & keep)):
             continue
@@ -68,6 +71,8 @@ def module_source(
         pieces.append(text)
         previous_end, previous_index = node.end_lineno, index
     source = re.sub(r"\n{3,}(?=(?:from|import) )", "\n\n", "".join(pieces))
+    if docstring is not None:
+        source = '"""' + docstring.strip() + '"""\n\n' + source.lstrip("\n")
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
     return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source).rstrip("\n") + "\n"

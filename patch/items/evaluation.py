@@ -46,6 +46,7 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
         module_source(
             prototypes.prefetcher.loops, imports=IMPORTS, keep={_STEP_CALL},
             names={"_PrefetchingEvaluationSteps": "Any"},
+            docstring="An evaluation or prediction step call: the StopIteration at its dataloader's end ends it.",
         ),
     )
     for module, loop, hook, step, output, drain in (

@@ -31,18 +31,44 @@ IMPORTS = {
 }
 # the progress classes count consumed batches themselves once item 1 is in
 NAMES = {"CountsConsumed": "_Progress"}
-# module in the package -> (prototype module, the definitions it takes: None for all, the ones it leaves)
+# module in the package -> (prototype module, the definitions it takes: None for all, those it leaves, its docstring)
 MODULES = {
-    "common": (prototypes.common, None, {"Design"}),
-    "loader_state": (prototypes.lightning_changes.fit_loop, {"loader_state_reader"}, ()),
-    "producer": (prototypes.prefetcher.producer, None, ()),
-    "prefetch_thread": (prototypes.prefetcher.prefetch_thread, None, ()),
-    "profiler_guard": (prototypes.prefetcher.profiler_guard, None, ()),
-    "options": (prototypes.prefetcher.options, None, ()),
-    "step_calls": (prototypes.prefetcher.step_calls, None, ()),
-    "fetcher": (prototypes.prefetcher.fetcher, None, ()),
-    "draining": (prototypes.lightning_changes.draining, None, ()),
-    "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, ()),
+    "common": (prototypes.common, None, {"Design"}, """
+The iterator a step call receives and the record of a loop's step calls, the batch transfer, the ranks' end-of-data
+vote and the misuse checks with their messages.
+"""),
+    "loader_state": (prototypes.lightning_changes.fit_loop, {"loader_state_reader"}, (), """
+The loaders' state, read after each batch: what a checkpoint records for the batches the step consumed.
+"""),
+    "producer": (prototypes.prefetcher.producer, None, (), """
+The producer: loads a loop's batches one at a time and transfers them, on the prefetch thread when there is one and
+on the step's thread otherwise. It knows no loop and no step call.
+"""),
+    "prefetch_thread": (prototypes.prefetcher.prefetch_thread, None, (), """
+The prefetch thread: runs the producer at most ``depth`` batches ahead of the step (none by default), re-raises its
+errors in the step's thread, and shuts down idempotently.
+"""),
+    "profiler_guard": (prototypes.prefetcher.profiler_guard, None, (), """
+Serialises the profiler's ``start``/``stop`` while a prefetch thread records the transfer hooks on it.
+"""),
+    "options": (prototypes.prefetcher.options, None, (), """
+The options of the flavour's fetcher (the prefetch depth, whether the transfer runs ahead) and the run's resources
+(a copy stream, the profiler guard), rebuilt rather than pickled with the Trainer.
+"""),
+    "step_calls": (prototypes.prefetcher.step_calls, None, (), """
+The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
+running call, batches taken between calls, drain calls.
+"""),
+    "fetcher": (prototypes.prefetcher.fetcher, None, (), """
+The fetcher the loops choose for a step taking ``dataloader_iter``: it hands the step the batches it consumes, through
+one iterator per loop over a dataloader, and counts them.
+"""),
+    "draining": (prototypes.lightning_changes.draining, None, (), """
+Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
+"""),
+    "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, (), """
+``self.log``'s batch size for a step taking ``dataloader_iter``: the samples in the batches it consumed.
+"""),
 }
 PACKAGE_DOCSTRING = (
     '"""What the loops use when a step takes ``dataloader_iter``: the fetcher that hands out the batches the step\n'
@@ -53,8 +79,8 @@ PACKAGE_DOCSTRING = (
 
 def _look_ahead(source: LightningSource) -> None:
     source.add_module(f"{PACKAGE}.__init__", PACKAGE_DOCSTRING)
-    for name, (module, keep, drop) in MODULES.items():
-        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop)
+    for name, (module, keep, drop, docstring) in MODULES.items():
+        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring)
         source.add_module(f"{PACKAGE}.{name}", text)
 
     utilities = source.module("loops.utilities")
