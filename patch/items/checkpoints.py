@@ -29,6 +29,17 @@ def _consumed_state(source: LightningSource) -> None:
         """,
         before=calls("self.val_loop.update_restart_stage"),
     )
+    epoch_loop.replace_statement(
+        "_TrainingEpochLoop.reset",
+        calls("self.batch_progress.increment_completed"),
+        """
+        if self.trainer.fit_loop.prefetching_fetcher is not None:
+            # the call that saved it in on_train_batch_end may have consumed several batches
+            self.batch_progress._completed_up_to_processed()
+        else:
+            self.batch_progress.increment_completed()
+        """,
+    )
 
 
 ITEM = Item(
