@@ -109,52 +109,9 @@ def _evaluation_batches(trainer: pl.Trainer) -> Sequence[float]:
     return trainer.num_predict_batches
 
 
-class BatchFeed:
-    """One epoch (or evaluation run) as the callback sees it: Lightning's iterator, our counts, the look-ahead.
-
-    ``consumed``, ``steps`` and the look-ahead of the training feed are checkpointed with the callback's state, so
-    a resumed run numbers batches on from where it stopped and re-delivers a batch that was fetched ahead but not
-    consumed. ``dataloader_idx`` is the dataloader the current step call serves; ``consumed`` counts within it.
-    """
-
-    def __init__(self, batch_counts: Callable[[pl.Trainer], Sequence[float]]) -> None:
-        self.consumed = 0  # batches of the current dataloader handed to steps: the next batch_idx
-        self.steps = 0  # step calls this epoch
-        self.dataloader_idx = 0
-        self.lookahead: StepItem | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
-        self.restored = False  # the counts come from a checkpoint: the next iterator continues them
-        self._batch_counts = batch_counts
-        self._source: Iterator[StepItem] | None = None
-        self._exhausted = False
-        self._trainer: pl.Trainer | None = None
-        self._module: pl.LightningModule | None = None
-        self._transfer: BatchTransfer | None = None  # for the current source: its hooks resolved once
-
-    def start_epoch(self) -> None:
-        self.consumed = self.steps = self.dataloader_idx = 0
-        self.lookahead = None
-        self.restored = False
-
-    def begin_step(self, source: Iterator[StepItem], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
-        """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
-        (Lightning makes a new one each epoch and each evaluation run), which counts from 0 unless the counts were
-        just restored from a checkpoint (a run resumed mid-epoch carries on).
-
-        Why here and not (only) in the epoch-start hooks: Lightning also runs loops without calling the callbacks
-        (the batch-size finder's trials empty ``trainer.callbacks``), while the wrapped steps stay installed.
-        """
-        self._trainer, self._module = trainer, pl_module
-        new_source = source is not self._source
-        if new_source:
-            if not self.restored:
-                self.start_epoch()
-            self._source, self._exhausted, self.restored = source, False, False
-            self._transfer = BatchTransfer(trainer)
-        self.steps += 1
-        return new_source
-
-    def detach(self) -> None:
-        self._source = self._trainer = self._module = self._transfer = None
+class _FeedReading:
+    """How a feed reads Lightning's iterator for the step calls: whether the call's dataloader has another batch, the
+    next one (transfer applied, numbered), and the rest dropped. A mixin of ``BatchFeed``, whose counts it moves."""
 
     def has_next(self) -> bool:
         """Whether the current dataloader has another batch; for an unsized one this fetches it (the look-ahead)."""
@@ -217,6 +174,55 @@ class BatchFeed:
         except StopIteration:
             self._exhausted = True
 
+
+class BatchFeed(_FeedReading):
+    """One epoch (or evaluation run) as the callback sees it: Lightning's iterator, our counts, the look-ahead.
+
+    ``consumed``, ``steps`` and the look-ahead of the training feed are checkpointed with the callback's state, so
+    a resumed run numbers batches on from where it stopped and re-delivers a batch that was fetched ahead but not
+    consumed. ``dataloader_idx`` is the dataloader the current step call serves; ``consumed`` counts within it.
+    """
+
+    def __init__(self, batch_counts: Callable[[pl.Trainer], Sequence[float]]) -> None:
+        self.consumed = 0  # batches of the current dataloader handed to steps: the next batch_idx
+        self.steps = 0  # step calls this epoch
+        self.dataloader_idx = 0
+        self.lookahead: StepItem | None = None  # fetched from Lightning's iterator (raw), not yet handed to a step
+        self.restored = False  # the counts come from a checkpoint: the next iterator continues them
+        self._batch_counts = batch_counts
+        self._source: Iterator[StepItem] | None = None
+        self._exhausted = False
+        self._trainer: pl.Trainer | None = None
+        self._module: pl.LightningModule | None = None
+        self._transfer: BatchTransfer | None = None  # for the current source: its hooks resolved once
+
+    def start_epoch(self) -> None:
+        self.consumed = self.steps = self.dataloader_idx = 0
+        self.lookahead = None
+        self.restored = False
+
+    def begin_step(self, source: Iterator[StepItem], trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+        """Called at every step call with the iterator Lightning passed; True for the first call over ``source``
+        (Lightning makes a new one each epoch and each evaluation run), which counts from 0 unless the counts were
+        just restored from a checkpoint (a run resumed mid-epoch carries on).
+
+        Why here and not (only) in the epoch-start hooks: Lightning also runs loops without calling the callbacks
+        (the batch-size finder's trials empty ``trainer.callbacks``), while the wrapped steps stay installed.
+        """
+        self._trainer, self._module = trainer, pl_module
+        new_source = source is not self._source
+        if new_source:
+            if not self.restored:
+                self.start_epoch()
+            self._source, self._exhausted, self.restored = source, False, False
+            self._transfer = BatchTransfer(trainer)
+        self.steps += 1
+        return new_source
+
+    def detach(self) -> None:
+        self._source = self._trainer = self._module = self._transfer = None
+
+
 class FeedStepIterator(StepIterator):
     """What one step call receives as ``dataloader_iter``: the feed's batches; closed when that call returns."""
 
@@ -259,7 +265,10 @@ class DataloaderIterCallback(Callback):
             self._flavour_training = "training_step" in hooks
         for name in hooks:
             training = name == "training_step"
-            wrapper = self._wrap_step(trainer, pl_module, name, self.feed if training else self.eval_feed, training)
+            # An evaluation loop ends only when Lightning's iterator is exhausted, so an evaluation step that never
+            # consumes would be called forever, sized loader or not.
+            feed, guard = (self.feed, self._guard) if training else (self.eval_feed, NoProgressGuard(name))
+            wrapper = _feeding_step(trainer, pl_module, name, feed, guard)
             setattr(pl_module, name, wrapper)  # the user's own step on the user's own instance (see the unit tests)
             self._installed[name] = wrapper
 
@@ -313,63 +322,63 @@ class DataloaderIterCallback(Callback):
         self.feed.detach()
         self.eval_feed.detach()
 
-    def _wrap_step(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, feed: BatchFeed, training: bool
-    ) -> Callable:
-        user_step = getattr(pl_module, name)
-        # An evaluation loop ends only when Lightning's iterator is exhausted, so an evaluation step that never
-        # consumes would be called forever, sized loader or not.
-        guard = self._guard if training else NoProgressGuard(name)
 
-        def agree_on_next(has_batch: bool) -> bool:
-            """The ranks' vote (training only): may every rank start another step call? A rank with batches left
-            when another has none drops them, so that every rank's epoch ends after this call."""
-            if not training:
-                return has_batch  # evaluation steps run no collective of their own; uneven shards are left as is
-            if every_rank_has_a_batch(trainer, has_batch):
-                return True
-            if has_batch and (dropped := feed.drop_rest()):
-                warnings.warn(
-                    f"rank {trainer.global_rank}: another rank ran out of training data, so this rank ends the epoch "
-                    f"after the same step call and drops the {dropped} batch(es) it had left (DDP needs every rank in "
-                    "every step's collectives). Shard the data evenly across ranks to train on all of it.",
-                    stacklevel=2,
-                )
-            return False
+def _feeding_step(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, name: str, feed: BatchFeed, guard: NoProgressGuard
+) -> Callable:
+    """The wrapper ``DataloaderIterCallback`` puts on the module in place of its step ``name``: every call hands the
+    user's step a ``FeedStepIterator`` over ``feed``, and ``guard`` stops a step that keeps consuming nothing."""
+    user_step, training = getattr(pl_module, name), name == "training_step"
 
-        # ``wraps`` keeps the user's signature visible (``__wrapped__``): Lightning keeps choosing its
-        # dataloader_iter flavour and passes its iterator as the one positional argument.
-        @functools.wraps(user_step)
-        def step(dataloader_iter: Iterator[StepItem]) -> Any:
-            first_call = feed.begin_step(dataloader_iter, trainer, pl_module)
-            has_batch = feed.enter_step()
-            if first_call:  # no vote at the end of an earlier call covers this one
-                has_batch = agree_on_next(has_batch)
-            if not has_batch:  # Lightning could not tell the data was over: end the run, the step not entered
-                raise StopIteration
-            consumed_before = feed.consumed
-            step_iter = FeedStepIterator(feed, name)
-            try:
-                output = user_step(step_iter)
-            except StopIteration as stop:
-                if feed.has_next():
-                    raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=name)) from stop
-                if not training and feed.enter_step():
-                    return None  # the end of this dataloader: the next step call serves the next one
-                agree_on_next(False)  # out of data inside the step: keep the ranks' votes in step
-                raise  # Lightning ends the epoch (the run), as in its own flavour
-            finally:
-                step_iter.close()
-            guard.step_returned(feed.consumed - consumed_before)
-            if training:
-                # Resolve the look-ahead now: right after the step Lightning reads its iterator's ``done`` into
-                # is_last_batch, which ends the epoch and triggers end-of-epoch validation.
-                agree_on_next(feed.has_next() and feed.steps < trainer.num_training_batches)
-            else:
-                feed.has_next()
-            return output
+    def agree_on_next(has_batch: bool) -> bool:
+        """The ranks' vote (training only): may every rank start another step call? A rank with batches left
+        when another has none drops them, so that every rank's epoch ends after this call."""
+        if not training:
+            return has_batch  # evaluation steps run no collective of their own; uneven shards are left as is
+        if every_rank_has_a_batch(trainer, has_batch):
+            return True
+        if has_batch and (dropped := feed.drop_rest()):
+            warnings.warn(
+                f"rank {trainer.global_rank}: another rank ran out of training data, so this rank ends the epoch "
+                f"after the same step call and drops the {dropped} batch(es) it had left (DDP needs every rank in "
+                "every step's collectives). Shard the data evenly across ranks to train on all of it.",
+                stacklevel=2,
+            )
+        return False
 
-        return step
+    # ``wraps`` keeps the user's signature visible (``__wrapped__``): Lightning keeps choosing its
+    # dataloader_iter flavour and passes its iterator as the one positional argument.
+    @functools.wraps(user_step)
+    def step(dataloader_iter: Iterator[StepItem]) -> Any:
+        first_call = feed.begin_step(dataloader_iter, trainer, pl_module)
+        has_batch = feed.enter_step()
+        if first_call:  # no vote at the end of an earlier call covers this one
+            has_batch = agree_on_next(has_batch)
+        if not has_batch:  # Lightning could not tell the data was over: end the run, the step not entered
+            raise StopIteration
+        consumed_before = feed.consumed
+        step_iter = FeedStepIterator(feed, name)
+        try:
+            output = user_step(step_iter)
+        except StopIteration as stop:
+            if feed.has_next():
+                raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step=name)) from stop
+            if not training and feed.enter_step():
+                return None  # the end of this dataloader: the next step call serves the next one
+            agree_on_next(False)  # out of data inside the step: keep the ranks' votes in step
+            raise  # Lightning ends the epoch (the run), as in its own flavour
+        finally:
+            step_iter.close()
+        guard.step_returned(feed.consumed - consumed_before)
+        if training:
+            # Resolve the look-ahead now: right after the step Lightning reads its iterator's ``done`` into
+            # is_last_batch, which ends the epoch and triggers end-of-epoch validation.
+            agree_on_next(feed.has_next() and feed.steps < trainer.num_training_batches)
+        else:
+            feed.has_next()
+        return output
+
+    return step
 
 
 def _max_steps_reached(trainer: pl.Trainer) -> bool:

@@ -124,7 +124,7 @@ def private_uses(trees: dict[Any, ast.Module]) -> dict[Any, list[Use]]:
         methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and _is_private(n.name)}
         if cls.name in extends_lightning | mixed_in:
             overridden |= methods & lightning
-        if cls.name not in extends_lightning:
+        else:  # Why not a mixin's: what it writes on ``self`` is the Lightning object's
             own |= (methods - lightning) | {
                 n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                 and isinstance(n.value, ast.Name) and n.value.id == "self"

@@ -4,7 +4,7 @@ from patch.edits import LightningSource
 from patch.items import Item
 from patch.items.look_ahead import LIGHTNING_PACKAGE
 from patch.transplant import methods_source
-from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop
+from prototypes.lightning_changes.epoch_loop import DrainsHeldBatches
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 
 
@@ -17,7 +17,7 @@ def _drain(source: LightningSource) -> None:
         methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",
                                                "_consumed_by_last_call", "_draining", "_run_drain_call"))
         + "\n"
-        + methods_source(BatchCountingEpochLoop, ("_drain_if_the_data_ended", "_drain_held_batches", "_drain_call")),
+        + methods_source(DrainsHeldBatches, ("_drain_if_the_data_ended", "_drain_held_batches", "_drain_call")),
         after="_TrainingEpochLoop.advance",
     )
     epoch_loop.insert_in_body(

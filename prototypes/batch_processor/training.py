@@ -40,7 +40,152 @@ from prototypes.lightning_changes import (
 )
 
 
-class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
+class _StepCallHandOut:
+    """The look-ahead handed out to the step calls: a ``LookAheadStepIterator`` per call, each batch counted and
+    recorded in the running call (``self.log`` reads them), the drain calls. A mixin of ``IteratorTrainingEpochLoop``:
+    Lightning's fit loop sees one epoch loop."""
+
+    trainer: pl.Trainer
+
+    def _step_calls_this_epoch(self) -> int:
+        return self._calls.call.index
+
+    def _consumed_by_last_call(self) -> int:
+        return len(self._calls.call.batch_indices)  # Why not `consumed`: a call fewer on every batch
+
+    # [RFC 1] each batch handed out is counted
+    def _hand_out(self, item: StepItem) -> StepItem:
+        batch, _, dataloader_idx = item
+        # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
+        progress, calls = self.batch_progress, self._calls
+        batch_idx = progress.current.ready
+        progress.count_consumed()
+        progress.is_last_batch = calls.batches.exhausted
+        calls.last_handed_out = (batch, batch_idx)
+        call = calls.call
+        call.batches.append(batch)
+        call.batch_indices.append(batch_idx)
+        return batch, batch_idx, dataloader_idx
+
+    def _log_batches(self) -> list[Any]:
+        """What ``self.log``'s batch size counts: the batches the running step consumed, or before its first next()
+        the batch it will get (a drain call gets none)."""
+        calls = self._calls
+        if calls.call.batches or calls.upcoming_batch is None:
+            return calls.call.batches
+        return [calls.upcoming_batch]
+
+    def _draining(self) -> contextlib.AbstractContextManager:
+        return self._calls.drain_calls()
+
+    def _run_drain_call(self) -> tuple[bool, Any]:
+        self._calls.upcoming_batch = None
+        drain_call = self._calls.start_call(drain=True)
+        outputs = self._run_step(drain=True)
+        return drain_call.cut_short, outputs
+
+    def _run_step(self, drain: bool = False) -> Any:
+        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short.
+        ``drain``: a drain call, an accumulation window of its own."""
+        trainer, calls = self.trainer, self._calls
+        batches, step_call = calls.batches, calls.call
+        assert batches is not None
+        dataloader_iter = LookAheadStepIterator(batches, self._hand_out)
+        kwargs = OrderedDict(dataloader_iter=dataloader_iter)
+        try:
+            with trainer.profiler.profile("run_training_batch"):
+                if trainer.lightning_module.automatic_optimization:
+                    return self.automatic_optimization.run_step_call(
+                        kwargs, trainer.optimizers[0], step_call.index - 1, drain, lambda: batches.exhausted
+                    )
+                return self.manual_optimization.run(kwargs)
+        except StopIteration:
+            if not batches.exhausted:
+                raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step="training_step")) from None
+            # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
+            # window still get their step, as Lightning steps on an epoch's final batch
+            step_call.cut_short = True
+            if trainer.lightning_module.automatic_optimization:
+                self.automatic_optimization.close_window(step_call.index - 1)
+            return None
+        finally:
+            dataloader_iter.close()
+            step_call.open = False
+
+
+class _LookAheadLifecycle:
+    """The look-ahead's lifecycle: made at each epoch's start on Lightning's fetcher (within the limits), dropped at
+    teardown, and the record of step calls a checkpoint keeps and a resumed run restores. A mixin of
+    ``IteratorTrainingEpochLoop``: Lightning's fit loop sees one epoch loop."""
+
+    trainer: pl.Trainer
+
+    def on_run_start(self, data_fetcher: _DataFetcher) -> None:
+        super().on_run_start(data_fetcher)
+        if not self._pulling:
+            return
+        # resuming mid-epoch, the step call the checkpoint recorded stands (`on_load_checkpoint`)
+        resumed_call = self._calls.call if self.batch_progress.current.ready else None
+        self.automatic_optimization.start_epoch()
+        # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
+        read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
+        stateful = read_loader_states() is not None  # a loader records its position: checkpoints carry consumed state
+        snapshot = read_loader_states if stateful else None
+        batches = LookAhead(partial(self._fetch, data_fetcher, stateful), BatchTransfer(self.trainer), snapshot)
+        self._calls = LookAheadStepCalls(batches, resumed_call)
+        # an unsized loader that is empty this epoch (on any rank) ends it before any step call
+        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not batches.exhausted)
+
+    def _fetch(self, data_fetcher: _DataFetcher, stateful: bool) -> StepItem:
+        if data_fetcher.done and stateful and self._epoch_uncut():
+            # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
+            # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
+            try:
+                next(data_fetcher.iterator)  # no batch is left: the limits do not cut the loaders
+            except StopIteration:
+                pass
+        return fetch_within_limits(data_fetcher)
+
+    def _epoch_uncut(self) -> bool:
+        loader = self.trainer.fit_loop._combined_loader
+        return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits, strict=True))
+
+    def teardown(self) -> None:
+        # Lightning tears down after every fit, failed ones included
+        if self._undo_log_batch_size is not None:
+            self._undo_log_batch_size()
+            self._undo_log_batch_size = None
+        # Why: the look-ahead holds the run's loader iterator and callables bound to its fetcher, which a Trainer
+        # pickled after fit (C1) must not carry; a checkpoint saved now records the loaders' own (exhausted) state
+        self._calls.batches = None
+        super().teardown()
+
+    # ---- checkpoints and resume
+    # [RFC 16] the flavour's own entries, for that module only
+    def on_save_checkpoint(self) -> dict:
+        state_dict = super().on_save_checkpoint()
+        if self._steps_pull_batches():
+            # Why only for the flavour (C1): a regular module's checkpoint holds exactly what stock Lightning writes.
+            # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
+            # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
+            state_dict["step_calls"] = self._calls.call.index
+            state_dict["last_step_consumed"] = self._calls.call.consumed
+        return state_dict
+
+    def on_load_checkpoint(self, state_dict: dict) -> None:
+        super().on_load_checkpoint(state_dict)
+        # Lightning loads the progress first: the last call's batches are the ones up to the batch count restored
+        consumed, ready = state_dict.get("last_step_consumed", 0), self.batch_progress.current.ready
+        last = StepCall(state_dict.get("step_calls", 0), batch_indices=list(range(ready - consumed, ready)))
+        self._calls = LookAheadStepCalls(None, last)
+
+    def consumed_loader_states(self) -> list[dict] | None:
+        """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
+        batches = self._calls.batches
+        return batches.consumed_loader_states if self._pulling and batches is not None else None
+
+
+class IteratorTrainingEpochLoop(_StepCallHandOut, _LookAheadLifecycle, BatchCountingEpochLoop):
     """Lightning's training epoch loop, processing batches itself when ``training_step`` pulls them.
 
     Progress, limits, ``max_steps``, validation intervals, checkpoints and the progress bar count batches;
@@ -75,74 +220,6 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
             self._pulling_module, self._pulling = module, takes_dataloader_iter(module.training_step)
             self.batch_progress.counts_consumed = self._pulling
         return self._pulling
-
-    def _step_calls_this_epoch(self) -> int:
-        return self._calls.call.index
-
-    def _consumed_by_last_call(self) -> int:
-        return len(self._calls.call.batch_indices)  # Why not `consumed`: a call fewer on every batch
-
-    def on_run_start(self, data_fetcher: _DataFetcher) -> None:
-        super().on_run_start(data_fetcher)
-        if not self._pulling:
-            return
-        # resuming mid-epoch, the step call the checkpoint recorded stands (`on_load_checkpoint`)
-        resumed_call = self._calls.call if self.batch_progress.current.ready else None
-        self.automatic_optimization.start_epoch()
-        # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
-        read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
-        stateful = read_loader_states() is not None  # a loader records its position: checkpoints carry consumed state
-        snapshot = read_loader_states if stateful else None
-        batches = LookAhead(partial(self._fetch, data_fetcher, stateful), BatchTransfer(self.trainer), snapshot)
-        self._calls = LookAheadStepCalls(batches, resumed_call)
-        # an unsized loader that is empty this epoch (on any rank) ends it before any step call
-        self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(not batches.exhausted)
-
-    def _fetch(self, data_fetcher: _DataFetcher, stateful: bool) -> StepItem:
-        if data_fetcher.done and stateful and self._epoch_uncut():
-            # Why ask the loader once more: a StatefulDataLoader records the end of its epoch only once it raised
-            # StopIteration. Saved before that, its state would resume into an empty rest of this epoch.
-            try:
-                next(data_fetcher.iterator)  # no batch is left: the limits do not cut the loaders
-            except StopIteration:
-                pass
-        return fetch_within_limits(data_fetcher)
-
-    def _epoch_uncut(self) -> bool:
-        loader = self.trainer.fit_loop._combined_loader
-        return all(limit >= len(dl) for dl, limit in zip(loader.flattened, loader.limits, strict=True))
-
-    # [RFC 1] each batch handed out is counted
-    def _hand_out(self, item: StepItem) -> StepItem:
-        batch, _, dataloader_idx = item
-        # Why not the loader's index: the combined loader restarts it at 0 when a run resumes mid-epoch
-        progress, calls = self.batch_progress, self._calls
-        batch_idx = progress.current.ready
-        progress.count_consumed()
-        progress.is_last_batch = calls.batches.exhausted
-        calls.last_handed_out = (batch, batch_idx)
-        call = calls.call
-        call.batches.append(batch)
-        call.batch_indices.append(batch_idx)
-        return batch, batch_idx, dataloader_idx
-
-    def _log_batches(self) -> list[Any]:
-        """What ``self.log``'s batch size counts: the batches the running step consumed, or before its first next()
-        the batch it will get (a drain call gets none)."""
-        calls = self._calls
-        if calls.call.batches or calls.upcoming_batch is None:
-            return calls.call.batches
-        return [calls.upcoming_batch]
-
-    def teardown(self) -> None:
-        # Lightning tears down after every fit, failed ones included
-        if self._undo_log_batch_size is not None:
-            self._undo_log_batch_size()
-            self._undo_log_batch_size = None
-        # Why: the look-ahead holds the run's loader iterator and callables bound to its fetcher, which a Trainer
-        # pickled after fit (C1) must not carry; a checkpoint saved now records the loaders' own (exhausted) state
-        self._calls.batches = None
-        super().teardown()
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         if not self._pulling:
@@ -204,67 +281,6 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         trainer._logger_connector.update_train_step_metrics()
 
         self._drain_if_the_data_ended(calls.call.cut_short)
-
-    def _draining(self) -> contextlib.AbstractContextManager:
-        return self._calls.drain_calls()
-
-    def _run_drain_call(self) -> tuple[bool, Any]:
-        self._calls.upcoming_batch = None
-        drain_call = self._calls.start_call(drain=True)
-        outputs = self._run_step(drain=True)
-        return drain_call.cut_short, outputs
-
-    def _run_step(self, drain: bool = False) -> Any:
-        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short.
-        ``drain``: a drain call, an accumulation window of its own."""
-        trainer, calls = self.trainer, self._calls
-        batches, step_call = calls.batches, calls.call
-        assert batches is not None
-        dataloader_iter = LookAheadStepIterator(batches, self._hand_out)
-        kwargs = OrderedDict(dataloader_iter=dataloader_iter)
-        try:
-            with trainer.profiler.profile("run_training_batch"):
-                if trainer.lightning_module.automatic_optimization:
-                    return self.automatic_optimization.run_step_call(
-                        kwargs, trainer.optimizers[0], step_call.index - 1, drain, lambda: batches.exhausted
-                    )
-                return self.manual_optimization.run(kwargs)
-        except StopIteration:
-            if not batches.exhausted:
-                raise RuntimeError(STOP_ITERATION_WITH_BATCHES_LEFT.format(step="training_step")) from None
-            # no backward and no optimizer step for the cut-short call; earlier calls of its accumulation
-            # window still get their step, as Lightning steps on an epoch's final batch
-            step_call.cut_short = True
-            if trainer.lightning_module.automatic_optimization:
-                self.automatic_optimization.close_window(step_call.index - 1)
-            return None
-        finally:
-            dataloader_iter.close()
-            step_call.open = False
-
-    # ---- checkpoints and resume
-    # [RFC 16] the flavour's own entries, for that module only
-    def on_save_checkpoint(self) -> dict:
-        state_dict = super().on_save_checkpoint()
-        if self._steps_pull_batches():
-            # Why only for the flavour (C1): a regular module's checkpoint holds exactly what stock Lightning writes.
-            # The flavour's two entries are the ones the specification names (C11): accumulation and the validation
-            # interval of a run resumed mid-epoch need the step calls made and the batches the last one took.
-            state_dict["step_calls"] = self._calls.call.index
-            state_dict["last_step_consumed"] = self._calls.call.consumed
-        return state_dict
-
-    def on_load_checkpoint(self, state_dict: dict) -> None:
-        super().on_load_checkpoint(state_dict)
-        # Lightning loads the progress first: the last call's batches are the ones up to the batch count restored
-        consumed, ready = state_dict.get("last_step_consumed", 0), self.batch_progress.current.ready
-        last = StepCall(state_dict.get("step_calls", 0), batch_indices=list(range(ready - consumed, ready)))
-        self._calls = LookAheadStepCalls(None, last)
-
-    def consumed_loader_states(self) -> list[dict] | None:
-        """The loaders' state as of the batches handed out, the held-back one excluded; None if not pulling."""
-        batches = self._calls.batches
-        return batches.consumed_loader_states if self._pulling and batches is not None else None
 
 
 class IteratorFitLoop(BatchCountingFitLoop):

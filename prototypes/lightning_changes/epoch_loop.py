@@ -33,7 +33,74 @@ class StockProfilerActions:
         self.trainer.profiler.stop(self._stock_fetch_action)
 
 
-class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
+class DrainsHeldBatches:
+    """The drain rule at the end of a training epoch's data (C17): the loop calls a pipelining step with an exhausted
+    ``dataloader_iter`` until it ends the draining. A mixin of ``BatchCountingEpochLoop`` (Lightning's fit loop sees
+    one epoch loop); a design supplies ``_run_drain_call`` and ``_draining``.
+    """
+
+    trainer: pl.Trainer
+
+    # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
+    def _run_drain_call(self) -> tuple[bool, Any]:
+        """Run the step once with an exhausted ``dataloader_iter``: whether a StopIteration ended the call, and the
+        outputs the optimisation loop returned for it (empty when the step returned None)."""
+        raise NotImplementedError
+
+    def _draining(self) -> contextlib.AbstractContextManager:
+        """What the design keeps while it drains: the window rule of C17, and the last call's batch count (after the
+        drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
+        raise NotImplementedError
+
+    # [RFC 3]
+    def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
+        # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
+        # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
+        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
+        if not data_ended and not self._ranks_vote_every_step():
+            return  # every rank's data ends at the same step call: before it there is nothing to agree on
+        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
+            self._drain_held_batches()
+
+    def _drain_held_batches(self) -> None:
+        with self._draining():
+            drain(self.trainer, self._drain_call)
+
+    # [RFC 3]
+    def _drain_call(self) -> bool:
+        """One drain call: no batch, so no batch hooks and no batch progress.
+
+        A call that steps an optimizer (it trained a held batch) is a step of the loop: the step schedulers advance
+        and what it logged reaches the loggers at a logging step of its own. A call that steps none (it only saw the
+        end) leaves no trace: no logger row, no step counted.
+
+        Returns whether it ended the draining (C17's rule): it raised StopIteration, or it did no work (returned
+        nothing and stepped no optimizer). Why not also "called next() on the exhausted iterator": TorchRec's
+        pipelines refill their queue with ``next(it, None)`` while they still hold batches.
+        """
+        trainer = self.trainer
+        steps_before = trainer.global_step
+        trainer._logger_connector.on_batch_start(None)
+        stopped, outputs = self._run_drain_call()
+        trainer._logger_connector.on_batch_end()
+        stepped = trainer.global_step > steps_before
+        if stepped:
+            # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
+            # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
+            # the epoch's last batch. Counting the call before this one now gives this call's row a step of its own
+            # instead of the previous row's; `on_advance_end` then counts the last call that stepped.
+            self._batches_that_stepped += 1
+            self.update_lr_schedulers("step", update_plateau_schedulers=False)
+            trainer._logger_connector.update_train_step_metrics()
+        # Why the outputs alone under automatic optimisation: Lightning counts an optimizer step for a call that
+        # returned None too (the closure's None only skips the update); under manual optimisation a step that trains
+        # may return nothing, and its `self.optimizers()` steps are what tells
+        manual = not trainer.lightning_module.automatic_optimization
+        did_work = bool(outputs) or (manual and stepped)
+        return stopped or not did_work
+
+
+class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingEpochLoop):
     """Lightning's training epoch loop, changed where it assumes one batch per step call.
 
     A design says when its machinery is active (``_steps_pull_batches``), how many step calls this epoch made
@@ -74,27 +141,6 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
         # Why the epoch's rule last: it is a chain of calls, and most step calls pass no multiple
         return passed_a_multiple and self._should_check_val_epoch()
 
-    # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
-    def _run_drain_call(self) -> tuple[bool, Any]:
-        """Run the step once with an exhausted ``dataloader_iter``: whether a StopIteration ended the call, and the
-        outputs the optimisation loop returned for it (empty when the step returned None)."""
-        raise NotImplementedError
-
-    def _draining(self) -> contextlib.AbstractContextManager:
-        """What the design keeps while it drains: the window rule of C17, and the last call's batch count (after the
-        drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
-        raise NotImplementedError
-
-    # [RFC 3]
-    def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
-        # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
-        # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
-        data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
-        if not data_ended and not self._ranks_vote_every_step():
-            return  # every rank's data ends at the same step call: before it there is nothing to agree on
-        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
-            self._drain_held_batches()
-
     # [RFC 8] the end-of-data vote, where this epoch's loaders need it
     def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
         """The ranks' end-of-data vote (``every_rank_has_a_batch``) when ``_ranks_vote_every_step()``; otherwise
@@ -110,43 +156,6 @@ class BatchCountingEpochLoop(StockProfilerActions, _TrainingEpochLoop):
             self._ranks_vote = end_of_data_vote_needed(self.trainer, flattened)
             self._vote_decided_for = combined
         return self._ranks_vote
-
-    def _drain_held_batches(self) -> None:
-        with self._draining():
-            drain(self.trainer, self._drain_call)
-
-    # [RFC 3]
-    def _drain_call(self) -> bool:
-        """One drain call: no batch, so no batch hooks and no batch progress.
-
-        A call that steps an optimizer (it trained a held batch) is a step of the loop: the step schedulers advance
-        and what it logged reaches the loggers at a logging step of its own. A call that steps none (it only saw the
-        end) leaves no trace: no logger row, no step counted.
-
-        Returns whether it ended the draining (C17's rule): it raised StopIteration, or it did no work (returned
-        nothing and stepped no optimizer). Why not also "called next() on the exhausted iterator": TorchRec's
-        pipelines refill their queue with ``next(it, None)`` while they still hold batches.
-        """
-        trainer = self.trainer
-        steps_before = trainer.global_step
-        trainer._logger_connector.on_batch_start(None)
-        stopped, outputs = self._run_drain_call()
-        trainer._logger_connector.on_batch_end()
-        stepped = trainer.global_step > steps_before
-        if stepped:
-            # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
-            # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
-            # the epoch's last batch. Counting the call before this one now gives this call's row a step of its own
-            # instead of the previous row's; `on_advance_end` then counts the last call that stepped.
-            self._batches_that_stepped += 1
-            self.update_lr_schedulers("step", update_plateau_schedulers=False)
-            trainer._logger_connector.update_train_step_metrics()
-        # Why the outputs alone under automatic optimisation: Lightning counts an optimizer step for a call that
-        # returned None too (the closure's None only skips the update); under manual optimisation a step that trains
-        # may return nothing, and its `self.optimizers()` steps are what tells
-        manual = not trainer.lightning_module.automatic_optimization
-        did_work = bool(outputs) or (manual and stepped)
-        return stopped or not did_work
 
     # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
     def _accumulated_batches_reached(self) -> bool:

@@ -8,13 +8,14 @@ The prefetcher's pieces and the thread each runs on:
 - ``prefetch_thread.PrefetchThread``: runs the producer ahead, at most ``depth`` batches in flight. No Lightning.
 - ``step_calls.EpochStepCalls`` (the loop's thread): the record of one loop over the data's step calls: the peeked
   head, the ranks' vote, the running call, batches taken between calls, drain calls.
-- This module (the loop's thread): Lightning's fetcher protocol (``iter``/``next``/``done``, ``setup``, ``reset``,
-  ``teardown``), ``adopt()`` for an evaluation loop's started fetcher, the step's iterator, ``consume()`` (a batch
-  handed out), ``step_stopped()``, ``end_step_call()``, ``data_ended_after_call()``, ``step_batches()`` for
-  ``self.log``, ``consumed_loader_states`` for checkpoints, and ``stop()``. The loops read and drive the running
-  call through ``calls``. It is built from what it needs: the trainer, the run resources (with the design's
-  options), the step's name, the batch progress it counts consumed batches in, and the evaluation loops' drain calls;
-  it imports no loop.
+- This module (the loop's thread), one fetcher in three parts: ``_PrefetchingIterFetcher``, Lightning's fetcher
+  protocol (``iter``/``next``/``done``, ``setup``, ``reset``, ``teardown``) and ``consumed_loader_states`` for
+  checkpoints; ``_StepCallHandOut``, the step's iterator and the step calls: ``consume()`` (a batch handed out),
+  ``step_stopped()``, ``end_step_call()``, ``data_ended_after_call()``, ``step_batches()`` for ``self.log``;
+  ``_LoaderIteratorLifecycle``, the loader iterator under a loop over the data: ``adopt()`` for an evaluation loop's
+  started fetcher, the producer's thread, ``stop()``. The loops read and drive the running call through ``calls``.
+  It is built from what it needs: the trainer, the run resources (with the design's options), the step's name, the
+  batch progress it counts consumed batches in, and the evaluation loops' drain calls; it imports no loop.
 """
 
 
@@ -52,120 +53,10 @@ class FetcherStepIterator(StepIterator):
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)
 
 
-class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
-    """Keeps up to ``options.depth`` batches in flight and hands them to the step through a ``FetcherStepIterator``.
-
-    Lightning's loop reads ``_batch``/``_batch_idx`` before the step (for ``on_train_batch_start``) and after it (for
-    ``on_train_batch_end``), and ``done`` for ``is_last_batch``: here they describe the next batch to be consumed
-    (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches, and so does
-    ``progress`` (``count_consumed()``). ``drain_dataloader``: the evaluation loops' drain calls at the end of a
-    dataloader (C17); None in training, which drains in its loop.
-    """
-
-    def __init__(
-        self, trainer: pl.Trainer, resources: RunResources, hook_name: str,
-        progress: CountsConsumed, drain_dataloader: Callable[[int], None] | None = None,
-    ) -> None:
-        super().__init__()
-        self.trainer, self.options, self.resources = trainer, resources.options, resources
-        self.hook_name, self.progress, self.drain_dataloader = hook_name, progress, drain_dataloader
-        resources.copy_stream_for(trainer)  # made here, on the loop's thread
-        self.prefetch_thread: PrefetchThread | None = None  # per loop over the data (``_begin``)
-        self.calls = EpochStepCalls(trainer, hook_name, self._take)  # replaced per loop over the data
-        self._step_iterator: FetcherStepIterator | None = None
-        self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
-
-    @property
-    def consumed_loader_states(self) -> list[dict] | None:
-        """The loaders' state as of the batches consumed: what a checkpoint records."""
-        return self.calls.consumed_loader_states
-
-    @property
-    def batch_idx(self) -> int:
-        """The ``batch_idx`` of the next batch to be consumed before a step call, of the last one consumed after it."""
-        return self._batch_idx
-
-    @property
-    def dataloader_idx(self) -> int:
-        """The dataloader of the next batch to be consumed before a step call, of the last one consumed after it."""
-        return self._dataloader_idx
-
-    # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
-    @property
-    def done(self) -> bool:
-        # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
-        # answer is then "not done" without the lock
-        calls = self.calls
-        if calls.head is not None and not (calls.ranks_vote and calls.vote_due()):
-            return False
-        return calls.peek_on_every_rank() is None
-
-    @done.setter
-    def done(self, exhausted: bool) -> None:
-        # Lightning's reset() declares an empty loader exhausted; the loop over the data starts from that (``_begin``)
-        self._exhausted = exhausted
-
-    def __iter__(self) -> _PrefetchingIterFetcher:
-        self.stop()
-        _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
-        return self._begin()
-
-    def adopt(self, started: _DataFetcher) -> _PrefetchingIterFetcher:
-        """Take over the loader iterator of Lightning's fetcher, which the evaluation loops set up and iterate
-        before installing it (``_EvaluationLoop.reset``). Why: iterating again would start the workers twice."""
-        self.stop()
-        self.setup(started.combined_loader)
-        self.iterator = started.iterator
-        self.reset()
-        self.fetched, self._start_profiler, self._stop_profiler = (
-            started.fetched, started._start_profiler, started._stop_profiler
-        )
-        return self._begin()
-
-    def _begin(self) -> _PrefetchingIterFetcher:
-        """A loop over the data starts: a producer on its thread and a new record of the step calls."""
-        trainer, combined, ahead = self.trainer, self._combined_loader, self.options.transfer_ahead
-        transfer = BatchTransfer(trainer)
-        producer = BatchProducer(
-            self.iterator, combined, self.length, lambda: self.fetched, transfer if ahead else None,
-            self.resources.copy_stream if ahead else None,
-        )
-        self._transfer_path = None if ahead else transfer
-        self.calls = EpochStepCalls(
-            trainer, self.hook_name, self._take, exhausted=self._exhausted,
-            ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
-            consumed_loader_states=producer.loader_states(),
-        )
-        self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
-        if self._thread_records_on_profiler:
-            self.resources.profiler_guard.thread_records_on(trainer.profiler)
-        return self
-
-    @property
-    def _thread_records_on_profiler(self) -> bool:
-        """Whether this fetcher's prefetch thread may record the transfer hooks on the profiler."""
-        return bool(self.options.depth) and self.options.transfer_ahead
-
-    def __next__(self) -> FetcherStepIterator:
-        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first. At the
-        end of an evaluation dataloader, first the loop's drain calls (``drain_dataloader``)."""
-        calls = self.calls
-        head = calls.peek_on_every_rank()
-        ended = self._step_iterator
-        if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
-            ended = None
-        if ended is not None and self.drain_dataloader is not None and not calls.call.cut_short:
-            # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
-            # the calls, after any earlier check; this is the last point before the loop moves on
-            self.drain_dataloader(ended.dataloader_idx)
-            self._close_iterator()  # the loop over that dataloader ended (C14 a)
-            head = calls.peek_on_every_rank()
-        if head is None:
-            raise StopIteration
-        if calls.call.index:
-            calls.no_progress.step_returned(len(calls.call.batch_indices))  # what the previous call consumed
-        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
-        return self.start_step_call()
+class _StepCallHandOut:
+    """The fetcher's hand-out to the step calls (the loop's thread; ``consume`` and ``done_for`` also on a pipeline's
+    own loading thread, under the record's lock): an iterator per dataloader, a batch at a time, recorded in the
+    running call. A mixin of ``_PrefetchingIterFetcher``: Lightning's loops see one fetcher."""
 
     def start_step_call(self, drain: bool = False) -> FetcherStepIterator:
         """The iterator for a new step call (``drain``: a drain call, which finds no batch left): the one of the
@@ -227,6 +118,48 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             return call.batches
         return [self._batch]
 
+
+class _LoaderIteratorLifecycle:
+    """The loader iterator's lifecycle under the fetcher (the loop's thread): a loop over the data begins on a fresh
+    or adopted iterator with a producer on its prefetch thread, takes the batches that thread produced, and stops it.
+    A mixin of ``_PrefetchingIterFetcher``: Lightning's loops see one fetcher."""
+
+    def adopt(self, started: _DataFetcher) -> _PrefetchingIterFetcher:
+        """Take over the loader iterator of Lightning's fetcher, which the evaluation loops set up and iterate
+        before installing it (``_EvaluationLoop.reset``). Why: iterating again would start the workers twice."""
+        self.stop()
+        self.setup(started.combined_loader)
+        self.iterator = started.iterator
+        self.reset()
+        self.fetched, self._start_profiler, self._stop_profiler = (
+            started.fetched, started._start_profiler, started._stop_profiler
+        )
+        return self._begin()
+
+    def _begin(self) -> _PrefetchingIterFetcher:
+        """A loop over the data starts: a producer on its thread and a new record of the step calls."""
+        trainer, combined, ahead = self.trainer, self._combined_loader, self.options.transfer_ahead
+        transfer = BatchTransfer(trainer)
+        producer = BatchProducer(
+            self.iterator, combined, self.length, lambda: self.fetched, transfer if ahead else None,
+            self.resources.copy_stream if ahead else None,
+        )
+        self._transfer_path = None if ahead else transfer
+        self.calls = EpochStepCalls(
+            trainer, self.hook_name, self._take, exhausted=self._exhausted,
+            ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
+            consumed_loader_states=producer.loader_states(),
+        )
+        self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
+        if self._thread_records_on_profiler:
+            self.resources.profiler_guard.thread_records_on(trainer.profiler)
+        return self
+
+    @property
+    def _thread_records_on_profiler(self) -> bool:
+        """Whether this fetcher's prefetch thread may record the transfer hooks on the profiler."""
+        return bool(self.options.depth) and self.options.transfer_ahead
+
     def _take(self) -> Produced | None:
         """The next batch from the producer, ready for the step on this thread; None at the end of the data."""
         prefetch_thread = self.prefetch_thread
@@ -267,6 +200,86 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
                 self.resources.profiler_guard.thread_stopped_recording(self.trainer.profiler)
         # Why: it holds the run's hooks and profiler wrappers, which a Trainer pickled after fit (C1) must not carry
         self._transfer_path = None
+
+
+class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataLoaderIterDataFetcher):
+    """Keeps up to ``options.depth`` batches in flight and hands them to the step through a ``FetcherStepIterator``.
+
+    Lightning's loop reads ``_batch``/``_batch_idx`` before the step (for ``on_train_batch_start``) and after it (for
+    ``on_train_batch_end``), and ``done`` for ``is_last_batch``: here they describe the next batch to be consumed
+    (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches, and so does
+    ``progress`` (``count_consumed()``). ``drain_dataloader``: the evaluation loops' drain calls at the end of a
+    dataloader (C17); None in training, which drains in its loop.
+    """
+
+    def __init__(
+        self, trainer: pl.Trainer, resources: RunResources, hook_name: str,
+        progress: CountsConsumed, drain_dataloader: Callable[[int], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.trainer, self.options, self.resources = trainer, resources.options, resources
+        self.hook_name, self.progress, self.drain_dataloader = hook_name, progress, drain_dataloader
+        resources.copy_stream_for(trainer)  # made here, on the loop's thread
+        self.prefetch_thread: PrefetchThread | None = None  # per loop over the data (``_begin``)
+        self.calls = EpochStepCalls(trainer, hook_name, self._take)  # replaced per loop over the data
+        self._step_iterator: FetcherStepIterator | None = None
+        self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
+
+    @property
+    def consumed_loader_states(self) -> list[dict] | None:
+        """The loaders' state as of the batches consumed: what a checkpoint records."""
+        return self.calls.consumed_loader_states
+
+    @property
+    def batch_idx(self) -> int:
+        """The ``batch_idx`` of the next batch to be consumed before a step call, of the last one consumed after it."""
+        return self._batch_idx
+
+    @property
+    def dataloader_idx(self) -> int:
+        """The dataloader of the next batch to be consumed before a step call, of the last one consumed after it."""
+        return self._dataloader_idx
+
+    # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
+    @property
+    def done(self) -> bool:
+        # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
+        # answer is then "not done" without the lock
+        calls = self.calls
+        if calls.head is not None and not (calls.ranks_vote and calls.vote_due()):
+            return False
+        return calls.peek_on_every_rank() is None
+
+    @done.setter
+    def done(self, exhausted: bool) -> None:
+        # Lightning's reset() declares an empty loader exhausted; the loop over the data starts from that (``_begin``)
+        self._exhausted = exhausted
+
+    def __iter__(self) -> _PrefetchingIterFetcher:
+        self.stop()
+        _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
+        return self._begin()
+
+    def __next__(self) -> FetcherStepIterator:
+        """Called by the epoch loop before each step: the batch hooks see the batch the step will get first. At the
+        end of an evaluation dataloader, first the loop's drain calls (``drain_dataloader``)."""
+        calls = self.calls
+        head = calls.peek_on_every_rank()
+        ended = self._step_iterator
+        if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
+            ended = None
+        if ended is not None and self.drain_dataloader is not None and not calls.call.cut_short:
+            # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
+            # the calls, after any earlier check; this is the last point before the loop moves on
+            self.drain_dataloader(ended.dataloader_idx)
+            self._close_iterator()  # the loop over that dataloader ended (C14 a)
+            head = calls.peek_on_every_rank()
+        if head is None:
+            raise StopIteration
+        if calls.call.index:
+            calls.no_progress.step_returned(len(calls.call.batch_indices))  # what the previous call consumed
+        self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
+        return self.start_step_call()
 
     def teardown(self) -> None:
         self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them

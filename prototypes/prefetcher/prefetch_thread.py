@@ -24,7 +24,59 @@ class _Failure(NamedTuple):
     error: BaseException
 
 
-class PrefetchThread:
+class _OverlapProbe:
+    """``depth="auto"`` (after tf.data's AUTOTUNE): times the first ``AUTO_PROBE_BATCHES`` results, how long
+    ``produce()`` takes on the thread and how long the consumer works between two ``get()`` calls. The thread can
+    hide at most the smaller of the two per batch; it pays when that is at least ``AUTO_MIN_OVERLAP_S``. Written by
+    both threads while ``PrefetchThread`` decides, then dropped."""
+
+    def __init__(self) -> None:
+        self.produce_s: list[float] = []  # seconds per produce() on the thread
+        self.consume_s: list[float] = []  # seconds per consumer turn between get() calls
+        self.returned_at: float | None = None
+
+    def thread_pays(self) -> bool | None:
+        """Time the consumer's turn since the last result; None until enough turns were timed, then the decision."""
+        if self.returned_at is not None:
+            self.consume_s.append(time.perf_counter() - self.returned_at)
+        enough = min(len(self.produce_s), len(self.consume_s)) >= AUTO_PROBE_BATCHES
+        if not enough:
+            return None
+        hidden = min(statistics.median(self.produce_s), statistics.median(self.consume_s))
+        return hidden >= AUTO_MIN_OVERLAP_S
+
+
+class _ThreadLifecycle:
+    """Starting and stopping ``PrefetchThread``'s thread, from the consumer's thread. A mixin of ``PrefetchThread``,
+    whose state it shares: the thread, its stop flag and its slots."""
+
+    @property
+    def threaded(self) -> bool:
+        """Whether results come from the background thread (False for depth 0 and once "auto" dropped it)."""
+        return self._thread is not None
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.ident is None:
+            self._thread.start()
+
+    def _stop_thread(self) -> None:
+        """Stop the thread; what it produced stays in the queue and is handed out first, so results keep their order."""
+        self._stop.set()
+        if self._thread.is_alive():
+            try:
+                self._slots.release()  # wake a thread waiting for a slot, so it sees the stop at once
+            except ValueError:  # every slot is free: the thread is not waiting for one
+                pass
+            self._thread.join()
+        self._thread = None
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+class PrefetchThread(_ThreadLifecycle):
     """Runs ``produce()`` ahead of the consumer on one thread, at most ``depth`` results not yet released.
 
     Modelled on torchdata.nodes ``Prefetcher``: a semaphore bounds what is in flight, and a StopIteration or an
@@ -33,11 +85,9 @@ class PrefetchThread:
     result. ``depth=0`` starts no thread: ``get()`` calls ``produce()`` itself. ``shutdown()`` is idempotent and
     returns once the thread has exited; a ``produce()`` call already running is allowed to finish.
 
-    ``depth="auto"`` (after tf.data's AUTOTUNE) starts at ``AUTO_DEPTH`` and times the first
-    ``AUTO_PROBE_BATCHES`` results: how long ``produce()`` takes on the thread and how long the consumer works
-    between two ``get()`` calls. The thread can hide at most the smaller of the two per batch; when that is under
-    ``AUTO_MIN_OVERLAP_S`` it stops the thread, hands out what the thread already produced, and produces the rest
-    on the caller's thread, as ``depth=0`` does. ``threaded`` says which way it went.
+    ``depth="auto"`` starts at ``AUTO_DEPTH`` and decides once (``_OverlapProbe``); when the thread does not pay it
+    stops the thread, hands out what the thread already produced, and produces the rest on the caller's thread, as
+    ``depth=0`` does. ``threaded`` says which way it went.
     """
 
     def __init__(self, produce: Callable[[], Any], depth: int | str, name: str = "prefetcher") -> None:
@@ -51,20 +101,7 @@ class PrefetchThread:
         self._stop = threading.Event()
         self._finished = False  # the consumer has seen the end or a failure: nothing more will come
         self._thread = threading.Thread(target=self._run, name=name, daemon=True) if depth else None
-        # "auto": seconds per produce() on the thread and per consumer turn between get() calls, until decided
-        self._deciding = auto
-        self._produce_s: list[float] = []
-        self._consume_s: list[float] = []
-        self._returned_at: float | None = None
-
-    @property
-    def threaded(self) -> bool:
-        """Whether results come from the background thread (False for depth 0 and once "auto" dropped it)."""
-        return self._thread is not None
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.ident is None:
-            self._thread.start()
+        self._probe = _OverlapProbe() if auto else None  # "auto", until decided
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -76,8 +113,8 @@ class PrefetchThread:
             try:
                 started = time.perf_counter()
                 result = self._produce()
-                if self._deciding:
-                    self._produce_s.append(time.perf_counter() - started)
+                if (probe := self._probe) is not None:  # Why a local: the consumer drops the probe once it decided
+                    probe.produce_s.append(time.perf_counter() - started)
                 self._results.put(result)
             except BaseException as error:  # StopIteration included: the consumer re-raises whatever ended us
                 self._results.put(_Failure(error))
@@ -87,7 +124,7 @@ class PrefetchThread:
         """The next result; raises what ``produce()`` raised (StopIteration at the end), then keeps raising it."""
         if self._finished:
             raise StopIteration
-        if self._deciding:
+        if self._probe is not None:
             self._measure_the_consumer()
         if self._thread is None and self._results.empty():
             try:
@@ -103,8 +140,8 @@ class PrefetchThread:
         if isinstance(result, _Failure):
             self._finished = True
             raise result.error
-        if self._deciding:
-            self._returned_at = time.perf_counter()
+        if self._probe is not None:
+            self._probe.returned_at = time.perf_counter()
         return result
 
     def _next_from_thread(self) -> Any:
@@ -116,34 +153,16 @@ class PrefetchThread:
                     raise RuntimeError("the prefetch thread was shut down; this iterator is closed") from None
 
     def _measure_the_consumer(self) -> None:
-        """"auto": time the consumer's turn since the last result and decide once enough turns were timed."""
-        if self._returned_at is not None:
-            self._consume_s.append(time.perf_counter() - self._returned_at)
-        enough = min(len(self._produce_s), len(self._consume_s)) >= AUTO_PROBE_BATCHES
-        if not enough:
+        """"auto": time the consumer's turn and, once the probe decided, keep the thread or stop it."""
+        pays = self._probe.thread_pays()
+        if pays is None:
             return
-        self._deciding = False
-        hidden = min(statistics.median(self._produce_s), statistics.median(self._consume_s))
-        if hidden < AUTO_MIN_OVERLAP_S:
+        self._probe = None
+        if not pays:
             self._stop_thread()
-
-    def _stop_thread(self) -> None:
-        """Stop the thread; what it produced stays in the queue and is handed out first, so results keep their order."""
-        self._stop.set()
-        if self._thread.is_alive():
-            try:
-                self._slots.release()  # wake a thread waiting for a slot, so it sees the stop at once
-            except ValueError:  # every slot is free: the thread is not waiting for one
-                pass
-            self._thread.join()
-        self._thread = None
 
     def release(self) -> None:
         """The consumer is done with one result: the producer may make another."""
         if self._thread is not None:
             self._slots.release()
 
-    def shutdown(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()

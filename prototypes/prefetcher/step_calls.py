@@ -102,8 +102,7 @@ class EpochStepCalls(StepCalls):
             self.consumed_loader_states = loader_states
 
     def start_call(self, drain: bool = False) -> StepCall:
-        """A new step call (under ``lock``); batches a pipeline's thread took since the previous call count toward
-        it."""
+        """A new step call (under ``lock``); what a pipeline's thread took since the previous call counts toward it."""
         call = super().start_call(drain)
         if self.taken_between_calls:
             for batch, batch_idx in self.taken_between_calls:

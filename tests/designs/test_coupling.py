@@ -80,6 +80,23 @@ def test_each_use_is_found_on_its_line_and_every_import_form_counts():
     ]
 
 
+def test_a_mixin_of_a_lightning_class_writes_lightning_attributes():
+    source = textwrap.dedent('''
+        from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
+
+        class Draining:
+            def drain(self):
+                self._batches_that_stepped += 1   # the loop's attribute, written from its mixin
+
+        class Loop(Draining, _TrainingEpochLoop):
+            pass
+    ''')
+    assert private_uses_in_source(source) == [
+        Use("imported", "pytorch_lightning.loops.training_epoch_loop._TrainingEpochLoop", 2),
+        Use("accessed", "_batches_that_stepped", 6),
+    ]
+
+
 def test_lightning_private_names_come_from_the_installed_sources():
     names = lightning_private_names()
     assert {"_TrainingEpochLoop", "_should_check_val_fx", "_logger_connector"} <= names
