@@ -11,11 +11,19 @@ with no code is still a patch: what it changes is Lightning's documentation, or 
 ``lightning.pytorch`` and ``lightning.fabric``), where maintainers review it; the sdist is the standalone package
 ``pytorch_lightning``, whose files the release process generated from those by renaming the imports. ``--tree DIR``
 also keeps the patched sdist (a directory ``pip install`` accepts): ``python -m patch.environment`` builds from it.
+The kept tree carries one file the series does not: the marker module ``pytorch_lightning/_rfc_patch_series.py``
+(``prototypes.patched.SERIES_MODULE``), naming the series by a hash of its patches and the ``patch/`` sources that
+generated it, so an environment can tell its package is patched, and by what.
+
+The commits carry a fixed date, so the same items applied to the same release give byte-identical patches (and the
+same hash).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +34,7 @@ from pathlib import Path
 
 from patch.edits import LightningSource
 from patch.items import ITEMS
+from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 RELEASE = "2.6.6"
 PACKAGE_IN_SDIST = Path("src") / "pytorch_lightning"
@@ -37,6 +46,8 @@ REPOSITORY_NAMES = (
     ("lightning_fabric", "lightning.fabric"),
 )
 _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
+# Any fixed date: a commit's date is in its patch, and a date of generation would change the series' hash each run.
+_COMMIT_DATE = "2000-01-01T00:00:00+0000"
 
 
 def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
@@ -56,7 +67,10 @@ def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
 
 
 def _git(tree: Path, *args: str) -> str:
-    return subprocess.run(["git", *_AUTHOR, *args], cwd=tree, check=True, capture_output=True, text=True).stdout
+    env = {**os.environ, "GIT_AUTHOR_DATE": _COMMIT_DATE, "GIT_COMMITTER_DATE": _COMMIT_DATE}
+    return subprocess.run(
+        ["git", *_AUTHOR, *args], cwd=tree, env=env, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
@@ -74,6 +88,33 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
         _git(root, "add", "--all")
         _git(root, "commit", "--quiet", "--allow-empty", "-m", item.commit_message())
     return root
+
+
+def series_identity(tree: Path) -> str:
+    """A hash of the series ``patched_tree`` committed in ``tree``: its patches in the sdist layout, in order."""
+    series = _git(tree, "format-patch", "--stdout", "--zero-commit", "--no-signature", f"HEAD~{len(ITEMS)}")
+    return f"sha256:{hashlib.sha256(series.encode()).hexdigest()}"
+
+
+def marker_text(tree: Path) -> str:
+    """The marker module's text for the package patched in ``tree`` (``prototypes.patched`` reads it)."""
+    return (
+        f'"""Written by `python -m patch.series`: this package is pytorch-lightning {RELEASE} with the RFC\'s patch '
+        'series applied."""\n\n'
+        f"RELEASE = {RELEASE!r}\n"
+        f"PATCHES = {len(ITEMS)}\n"
+        "# sha256 of the series' patches (sdist layout, in order) and of the patch/ sources that generated them\n"
+        f"SERIES = {series_identity(tree)!r}\n"
+        f"SOURCES = {patch_sources_digest()!r}\n"
+    )
+
+
+def keep_tree(tree: Path, dest: Path) -> Path:
+    """Copy the patched sdist to ``dest`` (replaced if present) without its git history, with the marker module."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".git"))
+    (dest / PACKAGE_IN_SDIST / f"{SERIES_MODULE}.py").write_text(marker_text(tree))
+    return dest
 
 
 def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
@@ -108,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = patched_tree(Path(scratch), args.sdist_cache)
         patches = write_series(tree, args.out, args.layout)
         if args.tree:
-            shutil.rmtree(args.tree, ignore_errors=True)
-            shutil.copytree(tree, args.tree, ignore=shutil.ignore_patterns(".git"))
+            keep_tree(tree, args.tree)
     print(f"{len(patches)} patches ({args.layout} layout) in {args.out}")
     return 0
 
