@@ -46,6 +46,8 @@ REPOSITORY_NAMES = (
     ("lightning_fabric", "lightning.fabric"),
 )
 _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
+# --always: an item without code is a commit without a diff, and still a patch (its message says why).
+_FORMAT_PATCH = ("--always", "--zero-commit", "--no-signature")
 # Any fixed date: a commit's date is in its patch, and a date of generation would change the series' hash each run.
 _COMMIT_DATE = "2000-01-01T00:00:00+0000"
 
@@ -92,7 +94,7 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
 
 def series_identity(tree: Path) -> str:
     """A hash of the series ``patched_tree`` committed in ``tree``: its patches in the sdist layout, in order."""
-    series = _git(tree, "format-patch", "--stdout", "--zero-commit", "--no-signature", f"HEAD~{len(ITEMS)}")
+    series = _git(tree, "format-patch", *_FORMAT_PATCH, "--stdout", f"HEAD~{len(ITEMS)}")
     return f"sha256:{hashlib.sha256(series.encode()).hexdigest()}"
 
 
@@ -121,8 +123,7 @@ def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.patch"):
         old.unlink()
-    names = _git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "-o", str(out), "HEAD~" + str(
-        len(ITEMS))).split()
+    names = _git(tree, "format-patch", *_FORMAT_PATCH, "--quiet", "-o", str(out), f"HEAD~{len(ITEMS)}").split()
     patches = [Path(name) if Path(name).is_absolute() else out / name for name in names] or sorted(out.glob("*.patch"))
     if layout == "repository":
         for patch_file in patches:
