@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.measuring import Interleaved, Probe
-from prototypes import DESIGNS, runnable_designs
+from prototypes import DESIGNS
 from prototypes.common import Design
 
 SHIPS, OPT_IN_THREAD = "ships", "opt-in thread"
@@ -70,7 +70,7 @@ def design_entries(depths: Sequence[int], with_opt_in_thread: bool = True) -> di
     (``with_opt_in_thread``), and every design that prefetches (``Design.prefetch_depth_option``) also at each of
     ``depths`` (each kept once)."""
     entries: dict[str, Design] = {}
-    for design in runnable_designs().values():
+    for design in (design for design in DESIGNS.values() if design.unavailable_reason() is None):
         thread = opt_in_thread(design) if with_opt_in_thread else None
         depths_of_design = [design.variant(**{design.prefetch_depth_option: depth})
                             for depth in depths] if design.prefetch_depth_option else []
