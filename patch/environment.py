@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from patch.series import DEFAULT_CACHE, PACKAGE_IN_SDIST, keep_tree, patched_tree
-from prototypes.patched import SERIES_MODULE
+from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"
@@ -51,14 +51,16 @@ class BuildError(RuntimeError):
 
 
 def marker_series(tree: Path) -> str:
-    """The series a patched tree carries (``SERIES`` of its marker module)."""
+    """The series a patched tree carries (``SERIES`` of its marker module), checked before any install: the tree was
+    generated from this checkout's ``patch/`` sources, or the registry would refuse the environment built from it."""
     marker = tree / PACKAGE_IN_SDIST / f"{SERIES_MODULE}.py"
+    regenerate = "pass a tree written by `python -m patch.series --out DIR --tree TREE`, or leave --tree out"
     if not marker.is_file():
-        raise BuildError(
-            f"{tree} has no {marker.relative_to(tree)}: pass a tree written by "
-            "`python -m patch.series --out DIR --tree TREE`, or leave --tree out to generate one"
-        )
-    return runpy.run_path(str(marker))["SERIES"]
+        raise BuildError(f"{tree} has no {marker.relative_to(tree)}: {regenerate} to generate one")
+    written = runpy.run_path(str(marker))
+    if written["SOURCES"] != patch_sources_digest():
+        raise BuildError(f"{tree} was generated from other patch/ sources than this checkout's: {regenerate}")
+    return written["SERIES"]
 
 
 def check_sdist_layout(tree: Path) -> None:

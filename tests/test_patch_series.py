@@ -137,9 +137,15 @@ def test_the_kept_tree_is_the_patched_sdist_with_the_marker_naming_the_series(ge
     check_sdist_layout(kept)  # what `pip install` of it builds: the standalone package
 
 
-def test_a_tree_without_the_marker_or_with_another_package_is_refused(generated, tmp_path):
-    with pytest.raises(BuildError, match="pass a tree written by `python -m patch.series --out DIR --tree TREE`"):
+def test_a_tree_without_the_marker_from_other_sources_or_with_another_package_is_refused(
+    generated, tmp_path, monkeypatch
+):
+    with pytest.raises(BuildError, match="has no .*pass a tree written by `python -m patch.series --out DIR --tree"):
         marker_series(generated["tree"])
+    monkeypatch.setattr("patch.environment.patch_sources_digest", lambda: "sha256:changed-items")
+    with pytest.raises(BuildError, match="generated from other patch/ sources than this checkout's"):
+        marker_series(generated["kept"])
+    monkeypatch.undo()
     shutil.copytree(generated["kept"] / "src", tmp_path / "src")
     (tmp_path / "src" / "lightning").mkdir()
     with pytest.raises(BuildError, match=r"not the sdist's \['lightning_fabric', 'pytorch_lightning'\]"):
