@@ -66,10 +66,11 @@ def is_thread_configuration(entry: Design) -> bool:
 
 
 def design_entries(depths: Sequence[int], with_opt_in_thread: bool = True) -> dict[str, Design]:
-    """Entry key -> design: every registered design as it ships, its opt-in thread (``with_opt_in_thread``), and
-    every design that prefetches (``Design.prefetch_depth_option``) also at each of ``depths`` (each kept once)."""
+    """Entry key -> design: every registered design this environment can run, as it ships, its opt-in thread
+    (``with_opt_in_thread``), and every design that prefetches (``Design.prefetch_depth_option``) also at each of
+    ``depths`` (each kept once)."""
     entries: dict[str, Design] = {}
-    for design in DESIGNS.values():
+    for design in (design for design in DESIGNS.values() if design.unavailable_reason() is None):
         thread = opt_in_thread(design) if with_opt_in_thread else None
         depths_of_design = [design.variant(**{design.prefetch_depth_option: depth})
                             for depth in depths] if design.prefetch_depth_option else []

@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 from benchmarks import calibration, entries, measuring, overlap, results, workloads  # noqa: E402
 from harness_common import QUIET  # noqa: E402
-from prototypes import DESIGNS, Design  # noqa: E402
+from prototypes import DESIGNS, Design, runnable_designs  # noqa: E402
 from prototypes.prefetcher.prefetch_thread import AUTO_PROBE_BATCHES  # noqa: E402
 
 FEATURES = 8
@@ -300,10 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = args.batches or (DRY_RUN_BATCHES if dry else (16 if args.quick else 32))
     rounds, warmup = (1, 0) if dry else ((2, 1) if args.quick else (5, 1))  # a dry run has nothing to warm up
     matmul = min(rows, cols, 64 if dry else 1024)
-    names = list(DESIGNS) if not args.designs else [s.strip() for s in args.designs.split(",")]
+    names = list(runnable_designs()) if not args.designs else [s.strip() for s in args.designs.split(",")]
     unknown = [name for name in names if name not in DESIGNS]
     if unknown:
         print(f"unknown design(s) {unknown}; registered: {sorted(DESIGNS)}", file=sys.stderr)
+        return 2
+    unavailable = [reason for name in names if (reason := DESIGNS[name].unavailable_reason()) is not None]
+    if unavailable:
+        print("\n".join(unavailable), file=sys.stderr)
         return 2
     designs = {d.id: d for name in names for d in (DESIGNS[name], entries.opt_in_thread(DESIGNS[name]))
                if d is not None}

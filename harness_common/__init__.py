@@ -155,17 +155,21 @@ def _design_named(name: str, installed: dict[str, importlib.metadata.EntryPoint]
 
 
 def select_designs(spec: str | None) -> list[Design]:
-    """The designs and variants an ``--design`` value names, in the order named (every registered design with each of
-    its suite variants when ``spec`` is empty). Raises :class:`SelectionError` naming the fix."""
-    from prototypes import DESIGNS
+    """The designs and variants an ``--design`` value names, in the order named (every registered design this
+    environment can run, with each of its suite variants, when ``spec`` is empty). Raises :class:`SelectionError`
+    naming the fix, also for a named design this environment cannot run (``Design.unavailable_reason``)."""
+    from prototypes import runnable_designs
 
     installed = installed_designs()  # a clash is an error even when nothing installed is selected
     if not spec:
-        return [v for d in DESIGNS.values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
+        return [v for d in runnable_designs().values() for v in (d, *(d.variant(**o) for o in d.suite_variants))]
     selected, by_name = [], {}
     for part in _split_top_level(spec):
         match = re.fullmatch(r"([\w.]+(?::[\w.]+)?)(?:\[(.*)\])?", part)
         design = _design_named(match.group(1) if match else part, installed)
+        reason = design.unavailable_reason()
+        if reason is not None:
+            raise SelectionError(f"--design {part}: {reason}")
         if by_name.setdefault(design.name, design) is not design:
             raise SelectionError(f"--design: two different designs are named {design.name!r}; rename one")
         if match and match.group(2) is not None:

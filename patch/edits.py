@@ -108,8 +108,12 @@ class ModuleSource:
     def remove(self, qualname: str) -> None:
         node = self.definition(qualname)
         start, end = self._start_line(node), node.end_lineno
-        if end < len(self.lines) and not self.lines[end].strip():
-            end += 1  # and the blank line after it
+        lines = self.lines
+        # and the blank lines that separated it from the next (PEP 8: two at the top level, one in a class), so the
+        # definitions around it keep their separation
+        for _ in range(1 if self._indent_of(node) else 2):
+            if end < len(lines) and not lines[end].strip():
+                end += 1
         self._splice(start, end, "")
 
     def insert(

@@ -13,11 +13,19 @@ with no code is still a patch: what it changes is Lightning's documentation, or 
 also keeps the patched sdist (a directory ``pip install`` accepts): ``python -m patch.environment`` builds from it.
 ``--summary rfc/results/patch-series.json`` writes, per item, the module here that makes its patch and the lines the
 patch adds to and removes from each of Lightning's files: the RFC's change list renders them beside its code pointers.
+
+The kept tree carries one file the series does not: the marker module ``pytorch_lightning/_rfc_patch_series.py``
+(``prototypes.patched.SERIES_MODULE``), naming the series by a hash of its patches and the ``patch/`` sources that
+generated it, so an environment can tell its package is patched, and by what.
+
+The commits carry a fixed date, so the same items applied to the same release give byte-identical patches (and the
+same hash).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import inspect
 import json
 import os
@@ -31,6 +39,7 @@ from pathlib import Path
 
 from patch.edits import LightningSource
 from patch.items import ITEMS
+from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 RELEASE = "2.6.6"
 PACKAGE_IN_SDIST = Path("src") / "pytorch_lightning"
@@ -41,10 +50,11 @@ REPOSITORY_NAMES = (
     ("pytorch_lightning", "lightning.pytorch"),
     ("lightning_fabric", "lightning.fabric"),
 )
-# Why fixed: the same items make the same series, byte for byte, whenever and wherever it is generated
-_DATE = "2026-01-01T00:00:00+0000"
-_FIXED_DATES = {**os.environ, "GIT_AUTHOR_DATE": _DATE, "GIT_COMMITTER_DATE": _DATE}
 _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
+# --always: an item without code is a commit without a diff, and still a patch (its message says why).
+_FORMAT_PATCH = ("--always", "--zero-commit", "--no-signature")
+# Any fixed date: a commit's date is in its patch, and a date of generation would change the series' hash each run.
+_COMMIT_DATE = "2000-01-01T00:00:00+0000"
 
 
 def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
@@ -64,8 +74,9 @@ def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
 
 
 def _git(tree: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_DATE": _COMMIT_DATE, "GIT_COMMITTER_DATE": _COMMIT_DATE}
     return subprocess.run(
-        ["git", *_AUTHOR, *args], cwd=tree, check=True, capture_output=True, text=True, env=_FIXED_DATES
+        ["git", *_AUTHOR, *args], cwd=tree, env=env, check=True, capture_output=True, text=True
     ).stdout
 
 
@@ -86,12 +97,38 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
     return root
 
 
+def series_identity(tree: Path) -> str:
+    """A hash of the series ``patched_tree`` committed in ``tree``: its patches in the sdist layout, in order."""
+    series = _git(tree, "format-patch", *_FORMAT_PATCH, "--stdout", f"HEAD~{len(ITEMS)}")
+    return f"sha256:{hashlib.sha256(series.encode()).hexdigest()}"
+
+
+def marker_text(tree: Path) -> str:
+    """The marker module's text for the package patched in ``tree`` (``prototypes.patched`` reads it)."""
+    return (
+        f'"""Written by `python -m patch.series`: this package is pytorch-lightning {RELEASE} with the RFC\'s patch '
+        'series applied."""\n\n'
+        f"RELEASE = {RELEASE!r}\n"
+        f"PATCHES = {len(ITEMS)}\n"
+        "# sha256 of the series' patches (sdist layout, in order) and of the patch/ sources that generated them\n"
+        f"SERIES = {series_identity(tree)!r}\n"
+        f"SOURCES = {patch_sources_digest()!r}\n"
+    )
+
+
+def keep_tree(tree: Path, dest: Path) -> Path:
+    """Copy the patched sdist to ``dest`` (replaced if present) without its git history, with the marker module."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(tree, dest, ignore=shutil.ignore_patterns(".git"))
+    (dest / PACKAGE_IN_SDIST / f"{SERIES_MODULE}.py").write_text(marker_text(tree))
+    return dest
+
+
 def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.patch"):
         old.unlink()
-    names = _git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "-o", str(out), "HEAD~" + str(
-        len(ITEMS))).split()
+    names = _git(tree, "format-patch", *_FORMAT_PATCH, "--quiet", "-o", str(out), f"HEAD~{len(ITEMS)}").split()
     patches = [Path(name) if Path(name).is_absolute() else out / name for name in names] or sorted(out.glob("*.patch"))
     if layout == "repository":
         for patch_file in patches:
@@ -146,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.summary:
             args.summary.write_text(json.dumps(summary(tree), indent=1) + "\n")
         if args.tree:
-            shutil.rmtree(args.tree, ignore_errors=True)
-            shutil.copytree(tree, args.tree, ignore=shutil.ignore_patterns(".git"))
+            keep_tree(tree, args.tree)
     print(f"{len(patches)} patches ({args.layout} layout) in {args.out}")
     return 0
 

@@ -53,6 +53,10 @@ class Design:
     logging, accumulation), so its runs must agree with those of every other design that declares it
     (``tests/conformance/test_agreement.py``). Declared, not read from the loops' types: a patched Lightning whose
     loops are Lightning's own types changes them too.
+
+    ``unavailable_reason()``: None where this environment can run the design; otherwise why it cannot, in one
+    sentence that names the command building an environment that can (a design of a patched Lightning needs that
+    package installed). The default selections leave such a design out, and naming it is an error with that sentence.
     """
 
     name: str
@@ -65,6 +69,7 @@ class Design:
     promised_s4_efficiency_at_depth: Mapping[int, float] = field(default_factory=dict)
     thread_options: Mapping[str, Any] = field(default_factory=dict)
     changes_lightning_loops: bool = False
+    unavailable_reason: Callable[[], str | None] = field(default=lambda: None)
 
     @property
     def id(self) -> str:

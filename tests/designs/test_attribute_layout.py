@@ -25,7 +25,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from prototypes import DESIGNS
+from prototypes import DESIGNS, runnable_designs
 
 pytestmark = pytest.mark.skipif(
     sys.implementation.name != "cpython" or sys.version_info < (3, 11),
@@ -124,7 +124,7 @@ def _stock_layouts(module_type: type) -> dict[str, bool]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("module_type", [_Regular, _Pulling], ids=["regular", "dataloader_iter"])
-@pytest.mark.parametrize("design", sorted(DESIGNS))
+@pytest.mark.parametrize("design", sorted(runnable_designs()))
 def test_per_batch_objects_keep_inline_attributes(design: str, module_type: type, tmp_path) -> None:
     """Every object keeps the layout stock Lightning's keeps (its evaluation loop, with more than 29 attributes, has a
     real dict already)."""

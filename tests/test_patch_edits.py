@@ -1,0 +1,141 @@
+"""``patch.edits``: each operation on a small module laid out as a Lightning package, and the errors naming a place
+that is not there."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patch.edits import LightningSource, ModuleSource, PlaceNotFound, assigns, calls
+
+MODULE = textwrap.dedent('''\
+    """A loop."""
+
+    import os
+
+
+    def helper():
+        return 1
+
+
+    class Loop:
+        """Runs."""
+
+        def run(self):
+            self.done = False
+            batch = self.fetch()
+            self.advance(batch)
+            return self.done
+
+        @property
+        def size(self):
+            return 1
+
+        @size.setter
+        def size(self, value):
+            pass
+
+        def only_doc(self):
+            """Nothing yet."""
+    ''')
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> LightningSource:
+    (tmp_path / "loops").mkdir()
+    (tmp_path / "loops" / "loop.py").write_text(MODULE)
+    return LightningSource(tmp_path, "pkg")
+
+
+@pytest.fixture
+def module(source: LightningSource) -> ModuleSource:
+    return source.module("loops.loop")
+
+
+def test_a_module_is_addressed_by_its_dotted_name_and_a_missing_one_is_named(source):
+    assert source.module("loops.loop").name == "pkg.loops.loop"
+    with pytest.raises(PlaceNotFound, match=r"pkg\.loops\.fetchers: no module at .*loops/fetchers\.py"):
+        source.module("loops.fetchers")
+
+
+def test_add_module_writes_a_new_module_and_refuses_an_existing_one(source):
+    source.add_module("loops.extra", "X = 1\n")
+    assert source.module("loops.extra").path.read_text() == "X = 1\n"
+    with pytest.raises(FileExistsError, match=r"pkg\.loops\.loop exists already; edit it instead"):
+        source.add_module("loops.loop", "Y = 2\n")
+
+
+def test_a_definition_is_found_by_qualified_name_the_last_of_a_name_winning(module):
+    assert module.definition("Loop.run").name == "run"
+    setter = module.definition("Loop.size")
+    assert [ast_name.attr for ast_name in setter.decorator_list] == ["setter"]
+    with pytest.raises(PlaceNotFound, match=re.escape("pkg.loops.loop: no definition 'Loop.missing'")):
+        module.definition("Loop.missing")
+
+
+def test_a_statement_must_match_exactly_once(module):
+    assert module.statement("Loop.run", assigns("batch")).lineno == 15
+    with pytest.raises(PlaceNotFound, match=re.escape("0 statements of 'Loop.run' match, expected one")):
+        module.statement("Loop.run", assigns("self.missing"))
+    with pytest.raises(PlaceNotFound, match=re.escape("2 statements of 'Loop.run' match, expected one")):
+        module.statement("Loop.run", lambda node: type(node).__name__ == "Assign")
+
+
+def test_predicates_name_statements_by_structure(module):
+    assert module.statement("Loop.run", assigns("self.done")).lineno == 14
+    assert module.statement("Loop.run", calls("self.advance")).lineno == 16
+    assert module.statement("Loop.run", calls("self.fetch")).lineno == 15  # the call is the assignment's value
+
+
+def test_replace_swaps_a_whole_definition_with_its_decorators(module):
+    module.replace("Loop.size", "def size(self, value):\n    self.value = value\n")
+    text = module.path.read_text()
+    assert "@size.setter" not in text and "    def size(self, value):\n        self.value = value\n" in text
+    assert "@property" in text  # the getter, a definition of its own, stays
+
+
+def test_remove_drops_a_definition_and_the_blank_lines_that_separated_it(module):
+    module.remove("helper")
+    module.remove("Loop.run")
+    text = module.path.read_text()
+    assert "import os\n\n\nclass Loop:" in text
+    assert '    """Runs."""\n\n    @property\n' in text
+
+
+def test_insert_places_definitions_after_before_into_and_at_the_end(module):
+    module.insert("def after_helper():\n    pass\n", after="helper")
+    module.insert("def before_run(self):\n    pass\n", before="Loop.run")
+    module.insert("def last_method(self):\n    pass\n", into="Loop")
+    module.insert("END = True\n")
+    text = module.path.read_text()
+    assert "    return 1\n\n\ndef after_helper():\n    pass\n\n\nclass Loop:" in text
+    assert '    """Runs."""\n\n    def before_run(self):\n        pass\n\n    def run(self):' in text
+    assert '        """Nothing yet."""\n\n    def last_method(self):\n        pass\n' in text
+    assert text.endswith("        pass\n\n\nEND = True\n")
+
+
+def test_insert_in_body_goes_first_after_the_docstring_or_around_a_statement(module):
+    module.insert_in_body("Loop.run", "started = True", at_start=True)
+    module.insert_in_body("Loop.only_doc", "return None", at_start=True)
+    module.insert_in_body("Loop.run", "self.before()", before=calls("self.advance"))
+    module.insert_in_body("Loop.run", "self.after()", after=calls("self.advance"))
+    text = module.path.read_text()
+    assert "    def run(self):\n        started = True\n        self.done = False\n" in text
+    assert "self.fetch()\n        self.before()\n        self.advance(batch)\n        self.after()\n" in text
+    assert '        """Nothing yet."""\n        return None\n' in text
+
+
+def test_replace_statement_and_add_import(module):
+    module.replace_statement("Loop.run", assigns("batch"), "batch = next(self.iterator)")
+    module.add_import("import sys")
+    text = module.path.read_text()
+    assert "        batch = next(self.iterator)\n" in text and "self.fetch()" not in text
+    assert "import os\nimport sys\n" in text
+
+
+def test_an_edit_that_leaves_the_module_unparsable_is_an_error(module):
+    with pytest.raises(SyntaxError):
+        module.replace("helper", "def helper(:\n    pass\n")

@@ -1,0 +1,156 @@
+"""``patch.series`` on the released sdist (downloaded once into ``patch.series.DEFAULT_CACHE``; the first run needs
+PyPI): each patch applies, in order, to a fresh unpack of the release and the last leaves the patched tree; the
+repository-layout series does the same to the release's package laid out as Lightning's repository; the same items
+give byte-identical patches; the kept tree carries the marker naming the series.
+
+Two sets of items: the project's (``patch.items.ITEMS``, however many it holds) and three made here, of which the
+second has no code (a patch without a diff) and the third edits what the first added, so they apply in order only.
+"""
+
+from __future__ import annotations
+
+import email
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import patch.series as series
+from patch.environment import BuildError, check_sdist_layout, marker_series
+from patch.items import ITEMS, Item
+from prototypes.patched import SERIES_MODULE, patch_sources_digest
+
+pytestmark = pytest.mark.timeout(300)  # the first run downloads the sdist
+
+# Lightning's repository (a checkout or an export holding src/lightning/pytorch) of the release, for the
+# repository-layout series applied to the real thing; the check skips without it.
+CHECKOUT_VARIABLE = "RFC_LIGHTNING_CHECKOUT"
+
+
+def _add_function(source) -> None:
+    source.module("loops.fetchers").insert("def _series_test_marker():\n    return 0\n")
+
+
+def _change_function(source) -> None:
+    source.module("loops.fetchers").replace("_series_test_marker", "def _series_test_marker():\n    return 1\n")
+
+
+MADE_HERE = (
+    Item(1, "Add a function to the fetchers", "Adds it.", _add_function),
+    Item(2, "Document the flavour", "No code: the change is in Lightning's documentation."),
+    Item(3, "Change the function added by item 1", "Changes it.", _change_function),
+)
+ITEM_SETS = {"project-items": ITEMS, "made-here": MADE_HERE}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(root).as_posix(): path.read_bytes()
+        for path in sorted(root.rglob("*")) if path.is_file() and ".git" not in path.relative_to(root).parts
+    }
+
+
+def _unpack(destination: Path) -> Path:
+    with tarfile.open(series.download_sdist()) as archive:
+        archive.extractall(destination, filter="data")
+    return destination / f"pytorch_lightning-{series.RELEASE}"
+
+
+def _apply_in_order(patches: list[Path], root: Path) -> None:
+    for patch_file in patches:
+        for check in (["--check"], []):
+            result = subprocess.run(["git", "apply", *check, "--allow-empty", str(patch_file)], cwd=root,
+                                    capture_output=True, text=True)
+            assert result.returncode == 0, f"{patch_file.name} does not apply in order:\n{result.stderr}"
+
+
+def _as_repository(sdist_root: Path, destination: Path) -> Path:
+    """The release's package as Lightning's repository holds it: ``src/lightning/pytorch``, its imports unified."""
+    for path in (sdist_root / series.PACKAGE_IN_SDIST).rglob("*.py"):
+        target = destination / "src" / "lightning" / "pytorch" / path.relative_to(sdist_root / series.PACKAGE_IN_SDIST)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(series.to_repository_layout(path.read_text()))
+    return destination
+
+
+@pytest.fixture(scope="module", params=list(ITEM_SETS))
+def generated(request, tmp_path_factory):
+    """The items applied to the sdist (a git tree) and its series in both layouts."""
+    scratch = tmp_path_factory.mktemp(request.param)
+    with pytest.MonkeyPatch.context() as patch_module:
+        patch_module.setattr(series, "ITEMS", ITEM_SETS[request.param])
+        tree = series.patched_tree(scratch / "tree")
+        layouts = {layout: series.write_series(tree, scratch / f"series-{layout}", layout)
+                   for layout in ("sdist", "repository")}
+        kept = series.keep_tree(tree, scratch / "kept")
+        yield dict(items=ITEM_SETS[request.param], tree=tree, kept=kept, identity=series.series_identity(tree),
+                   scratch=scratch, **layouts)
+
+
+def test_one_patch_per_item_in_order(generated):
+    names = [path.name for path in generated["sdist"]]
+    assert len(names) == len(generated["items"])
+    assert names == sorted(names)
+    for path, item in zip(generated["sdist"], generated["items"], strict=True):
+        # a long subject is folded over lines, as mail headers are
+        subject = re.sub(r"\n\s+", " ", email.message_from_string(path.read_text())["Subject"])
+        assert subject.endswith(f"[RFC {item.number}] {item.title}"), path.name
+
+
+def test_each_patch_applies_in_order_to_a_fresh_unpack_and_the_last_leaves_the_patched_tree(generated):
+    fresh = _unpack(generated["scratch"] / "fresh")
+    _apply_in_order(generated["sdist"], fresh)
+    assert _files(fresh) == _files(generated["tree"])
+
+
+def test_the_repository_layout_series_applies_in_order_to_the_package_laid_out_as_the_repository(generated):
+    released = _as_repository(_unpack(generated["scratch"] / "released"), generated["scratch"] / "repository")
+    _apply_in_order(generated["repository"], released)
+    expected = _as_repository(generated["tree"], generated["scratch"] / "expected")
+    assert _files(released) == _files(expected)
+
+
+def test_the_repository_layout_series_applies_to_a_lightning_checkout(generated, tmp_path):
+    checkout = os.environ.get(CHECKOUT_VARIABLE)
+    if not checkout:
+        pytest.skip(f"set {CHECKOUT_VARIABLE} to a Lightning checkout of the release (with src/lightning/pytorch)")
+    package = Path("src") / "lightning" / "pytorch"
+    shutil.copytree(Path(checkout) / package, tmp_path / package)
+    _apply_in_order(generated["repository"], tmp_path)
+
+
+def test_the_same_items_give_byte_identical_patches(generated, monkeypatch):
+    monkeypatch.setattr(series, "ITEMS", generated["items"])
+    again = series.patched_tree(generated["scratch"] / "again")
+    patches = series.write_series(again, generated["scratch"] / "again-series", "sdist")
+    assert [path.read_bytes() for path in patches] == [path.read_bytes() for path in generated["sdist"]]
+    assert series.series_identity(again) == generated["identity"]
+
+
+def test_the_kept_tree_is_the_patched_sdist_with_the_marker_naming_the_series(generated):
+    kept, marker_path = generated["kept"], series.PACKAGE_IN_SDIST / f"{SERIES_MODULE}.py"
+    marker = runpy.run_path(str(kept / marker_path))
+    assert (marker["PATCHES"], marker["SERIES"]) == (len(generated["items"]), generated["identity"])
+    assert marker["SOURCES"] == patch_sources_digest() and marker_series(kept) == generated["identity"]
+    assert {name for name in _files(kept) if name != marker_path.as_posix()} == set(_files(generated["tree"]))
+    check_sdist_layout(kept)  # what `pip install` of it builds: the standalone package
+
+
+def test_a_tree_without_the_marker_from_other_sources_or_with_another_package_is_refused(
+    generated, tmp_path, monkeypatch
+):
+    with pytest.raises(BuildError, match="has no .*pass a tree written by `python -m patch.series --out DIR --tree"):
+        marker_series(generated["tree"])
+    monkeypatch.setattr("patch.environment.patch_sources_digest", lambda: "sha256:changed-items")
+    with pytest.raises(BuildError, match="generated from other patch/ sources than this checkout's"):
+        marker_series(generated["kept"])
+    monkeypatch.undo()
+    shutil.copytree(generated["kept"] / "src", tmp_path / "src")
+    (tmp_path / "src" / "lightning").mkdir()
+    with pytest.raises(BuildError, match=r"not the sdist's \['lightning_fabric', 'pytorch_lightning'\]"):
+        check_sdist_layout(tmp_path)
