@@ -10,6 +10,7 @@ User code::
             return loss
 
     trainer = DESIGNS["patched"].trainer(max_epochs=1)  # a plain pytorch_lightning.Trainer
+    trainer = DESIGNS["patched"].variant(depth="auto").trainer(max_epochs=1)  # with the opt-in prefetch thread
     trainer.fit(Model(), train_dataloaders=loader)
 
 Nothing here changes Lightning: the change is in the installed package, built by ``python -m patch.environment``
@@ -74,17 +75,30 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _patched_trainer(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
+def _patched_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0) -> pl.Trainer:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
-    return pl.Trainer(**trainer_kwargs)
+    # the patch's fetcher options, as the run's resources hold them: only the patched package has the module
+    from pytorch_lightning.loops._dataloader_iter.options import Options, RunResources
+
+    options = Options(depth)  # refuses a depth it cannot run, before a Trainer is made
+    trainer = pl.Trainer(**trainer_kwargs)
+    if options != Options():
+        # Why a private attribute: how a user opts in to the prefetch thread is a question the RFC leaves to review;
+        # what ships is the default (no thread)
+        trainer._dataloader_iter_resources = RunResources(options)
+    return trainer
 
 
 DESIGN = Design(
     name="patched",
     summary="pytorch-lightning 2.6.6 with the RFC's patch series applied: a plain Trainer of the patched package",
     make_trainer=_patched_trainer,
+    # what ships, as for the prototype it is written from: no thread unless asked for; the same variants
+    options={"depth": 0},
+    thread_options={"depth": "auto"},
+    suite_variants=({"depth": "auto"}, {"depth": 2}),
     changes_lightning_loops=True,
     unavailable_reason=unavailable_reason,
 )
