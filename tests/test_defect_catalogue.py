@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 import harness_common
+from prototypes import DESIGNS
 from tests.conformance import plugin
 from tests.conformance.defects import CATALOGUE, Defect
+from tests.conformance.defects.patch_hunks import PATCH_HUNK_DEFECTS
 
 pytest_plugins = ["pytester"]
 
@@ -56,8 +58,19 @@ def test_the_suite_catches_the_defect_in_its_clause(pytester, defect, tmp_path, 
     )
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("defect", PATCH_HUNK_DEFECTS, ids=lambda d: f"{d.clause}-{d.name}")
+def test_the_suite_catches_a_reverted_patch_hunk(pytester, defect, tmp_path, record_property):
+    """The patched design with one of the patch's hunks undone: caught in the clause its item serves. Runs where the
+    patched Lightning is installed (CI runs it in that environment)."""
+    reason = DESIGNS[defect.design].unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    test_the_suite_catches_the_defect_in_its_clause(pytester, defect, tmp_path, record_property)
+
+
 def test_the_catalogue_covers_every_clause_with_named_defects():
-    names = Counter(d.name for d in CATALOGUE)
+    names = Counter(d.name for d in (*CATALOGUE, *PATCH_HUNK_DEFECTS))
     assert not [n for n, count in names.items() if count > 1], names
     per_clause = Counter(d.clause for d in CATALOGUE)
     assert set(per_clause) == set(plugin.CLAUSES), f"clauses without a defect: {set(plugin.CLAUSES) - set(per_clause)}"
@@ -78,16 +91,22 @@ class _Records:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.test_defect_catalogue PATH [pytest args]``: run the catalogue, write its outcomes to PATH."""
+    """``python -m tests.test_defect_catalogue PATH [pytest args]``: run the catalogue, write its outcomes to PATH.
+
+    Where PATH holds outcomes already (the stock environment's, say), the defects run now replace theirs and the rest
+    are kept: the patched environment adds the reverted hunks' outcomes to the same file."""
     if not argv or argv[0].startswith("-"):
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     path, records = Path(argv[0]), _Records()
     status = pytest.main([__file__, "-p", "no:cacheprovider", "-q", *argv[1:]], plugins=[records])
-    order = {d.name: position for position, d in enumerate(CATALOGUE)}
+    order = {d.name: position for position, d in enumerate((*CATALOGUE, *PATCH_HUNK_DEFECTS))}
+    run_now = {r["name"] for r in records.records}
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    earlier = [r for r in kept.get("defects", []) if r["name"] not in run_now]
     payload = dict(
-        schema=1, setup=harness_common.conformance_setup(), clauses=plugin.CLAUSES,
-        defects=sorted(records.records, key=lambda r: order[r["name"]]),
+        schema=1, setup=kept.get("setup") or harness_common.conformance_setup(), clauses=plugin.CLAUSES,
+        defects=sorted([*earlier, *records.records], key=lambda r: order[r["name"]]),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
