@@ -129,8 +129,8 @@ class Batch(Pipelineable):
 
 def collate(ids: list[int]) -> Batch:
     ids_tensor = torch.tensor(ids)
-    # two values per sample and table (keys first, then samples), so every sample touches its own rows and a
-    # neighbour's, and a row of the other table
+    # two values per sample and table (a KeyedJaggedTensor lists every sample of one key, then of the next), so in
+    # each table every sample touches rows a neighbouring sample touches too
     values = torch.cat([torch.stack([ids_tensor + shift, ids_tensor + shift + 1], dim=1).flatten() % TABLE_ROWS
                         for shift in range(len(TABLES))])
     features = KeyedJaggedTensor.from_lengths_sync(keys=[f"f_{table}" for table in TABLES], values=values,

@@ -31,9 +31,10 @@ RANK_EPOCHS = 2
 VALIDATION_LOADERS = 2
 PIPELINE = "TrainPipelineSparseDist"
 KINDS = ["sized", "unsized"]
-# A passing launch (two fits and two plain loops per rank, the loader kinds on process groups of their own at once)
-# takes 20-40 s on two busy cores; a failing one is bounded by the process group's timeout, then by this deadline.
-RANKS_DEADLINE_S = LAUNCH_DEADLINE_S + 90
+# A passing launch (a fit and a plain loop per rank and loader kind, the kinds on process groups of their own at
+# once) takes 3-10 s on two busy cores; a failing one is bounded by the process group's timeout (a rank that raised
+# exits, so its peer's collective fails at once), then by this deadline.
+RANKS_DEADLINE_S = LAUNCH_DEADLINE_S + 30
 RANKS_TEST_TIMEOUT_S = RANKS_DEADLINE_S + 30
 
 
