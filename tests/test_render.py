@@ -399,6 +399,23 @@ def test_real_pipelines_table_shows_batches_per_epoch_and_merges_alike_variants(
     assert "| `TrainPipelineBase` | `sized-w0` | 7 · 7 of 8 · 8 ✗ | 8 · 8 ✓ |" in matrix
 
 
+def test_real_pipelines_table_shows_each_ranks_counts_on_two_ranks(rfc):
+    data = conformance()
+    test = "test_c19_torchrec_two_ranks.py::test_each_rank_trains_its_batches_once_per_epoch"
+    runs = {"alpha": ([[6, 6], [6, 6]], [[8, 8], [8, 8]], "xfailed"), "beta": ([[8], []], [[], []], "xfailed"),
+            "gamma": ([[8, 8], [8, 8]], [[8, 8], [8, 8]], "passed")}
+    for design, (trained, plain_loop, outcome) in runs.items():
+        data["results"].append(dict(
+            design=design, variant=design, clause="C19", test_id=f"{test}[sized]", outcome=outcome, reason="",
+            measured={"batches_trained_per_epoch": trained, "plain_loop_batches_per_epoch": plain_loop},
+        ))
+    write_results(rfc, data, benchmarks())
+    run(rfc)
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert ("| `TrainPipelineSparseDist` | `2 ranks, sized` | 6 · 6 / 6 · 6 of 8 · 8 / 8 · 8 ✗ | 8 / none ✗ |"
+            " 8 · 8 / 8 · 8 ✓ |") in matrix
+
+
 # ------------------------------------------------------------------ the list's code pointers, read from [RFC n] tags
 LIST_PAGE = """# RFC
 

@@ -1,4 +1,5 @@
-"""The real-pipelines table (clause C19): batches each design trained per epoch, per TorchRec pipeline and loader."""
+"""The real-pipelines table (clause C19): batches each design trained per epoch, per TorchRec pipeline and loader, on
+one process and on two ranks."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ from rendering.conformance import conformance_parts
 from rendering.markdown import code, no_results, table
 from rendering.results import CONFORMANCE_COMMAND, OUTCOME_KIND, PASS, Inputs
 
-# test -> (the pipeline it runs, None where the test's first parameter names it; its measured counts' keys)
+TWO_RANKS = "2 ranks"  # the loader column's prefix for the two-rank runs, whose counts are one list per rank
+# test -> (the pipeline it runs, None where the test's first parameter names it; the loader column's prefix; its
+# measured counts' keys)
 REAL_PIPELINE_TESTS = {
     "test_c19_real_pipelines.py::test_train_pipeline_trains_every_batch_once_per_epoch":
-        (None, "batches_trained_per_epoch", "plain_loop_batches_per_epoch"),
+        (None, "", "batches_trained_per_epoch", "plain_loop_batches_per_epoch"),
     "test_c19_real_pipelines.py::test_eval_pipeline_evaluates_every_batch_once_per_validation_run":
-        ("EvalPipelineSparseDist", "batches_evaluated_per_run", "plain_loop_batches_per_run"),
+        ("EvalPipelineSparseDist", "", "batches_evaluated_per_run", "plain_loop_batches_per_run"),
+    "test_c19_torchrec_two_ranks.py::test_each_rank_trains_its_batches_once_per_epoch":
+        ("TrainPipelineSparseDist", f"{TWO_RANKS}, ", "batches_trained_per_epoch", "plain_loop_batches_per_epoch"),
+    "test_c19_torchrec_two_ranks.py::test_each_rank_evaluates_both_validation_loaders_once_per_run":
+        ("EvalPipelineSparseDist", f"{TWO_RANKS}, 2 loaders, ", "batches_evaluated_per_run",
+         "plain_loop_batches_per_run"),
 }
 
 
@@ -26,12 +34,12 @@ def _measured_runs(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, tupl
         test, _, parameters = test_id.partition("[")
         if test not in REAL_PIPELINE_TESTS:
             continue
-        pipeline, counted, plain_loop = REAL_PIPELINE_TESTS[test]
+        pipeline, loader_prefix, counted, plain_loop = REAL_PIPELINE_TESTS[test]
         if counted not in measured:
             continue
         if pipeline is None:
             pipeline, parameters = parameters.split("-", 1)
-        loader = parameters.rstrip("]")
+        loader = loader_prefix + parameters.rstrip("]")
         passed = OUTCOME_KIND.get(r.get("outcome", "")) == PASS
         runs.setdefault((pipeline, loader), {})[r.get("variant") or r["design"]] = (
             measured[counted], measured[plain_loop], passed
@@ -39,11 +47,19 @@ def _measured_runs(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, tupl
     return runs
 
 
-def _cell(trained: list[int], plain_loop: list[int], passed: bool) -> str:
-    counts = " · ".join(str(n) for n in trained)
+def _counts(counts: list) -> str:
+    """Per epoch (or run) ``8 · 8``; on two ranks, a list per rank: ``8 · 8 / 8 · 8`` (an empty list: none)."""
+    if counts and isinstance(counts[0], list):
+        return " / ".join(_counts(rank) or "none" for rank in counts)
+    return " · ".join(str(n) for n in counts)
+
+
+def _cell(trained: list, plain_loop: list, passed: bool) -> str:
     if passed:
-        return f"{counts} ✓"
-    return f"{counts} of {' · '.join(str(n) for n in plain_loop)} ✗"
+        return f"{_counts(trained)} ✓"
+    if not any(plain_loop):  # the plain loop did not run: the fit raised first
+        return f"{_counts(trained)} ✗"
+    return f"{_counts(trained)} of {_counts(plain_loop)} ✗"
 
 
 def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
@@ -70,6 +86,9 @@ def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
         "of C17's migration note); ✓: every epoch trained every batch once, in order, to the weights of the same "
         "pipeline driven by a plain loop; ✗: the batches the plain loop trains per epoch follow *of*. `w0`, `w2`: "
         "DataLoader workers. `EvalPipelineSparseDist` runs in `validation_step`: its counts are the batches "
-        "evaluated in each validation run."
+        "evaluated in each validation run. `2 ranks`: the tables sharded over two gloo ranks, each rank's counts "
+        "(rank 0 / rank 1), each compared with the same pipelines driven by a plain loop on that rank; `2 loaders`: "
+        "two validation dataloaders, a run's counts both loaders' batches. A fit that raised counts the epochs "
+        "and runs it began, and its plain loop does not run (no *of*); `none`: a rank that reported nothing."
     )
     return legend + "\n\n" + table(["Pipeline", "Loader", *(code(label) for label, _ in columns)], rows)

@@ -92,7 +92,7 @@ def _loader(kind: str, rank: int) -> DataLoader:
     return DataLoader(RankShardedItems(), batch_size=BATCH_SIZE)
 
 
-def _describe(error: BaseException) -> dict[str, Any]:
+def describe_error(error: BaseException) -> dict[str, Any]:
     return dict(
         type=f"{type(error).__module__}.{type(error).__qualname__}",
         message=str(error)[:2000],
@@ -126,7 +126,7 @@ def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
                                     "use_distributed_sampler": not pipelined})
         trainer.fit(module, train_dataloaders=_loader(kind, rank))
     except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
-        error = _describe(raised)
+        error = describe_error(raised)
     outcome = rank_outcome(module, trainer, error)
     if pipelined:
         outcome.update(stage_weights=module.weights(), stage_initial=module.initial_weights)
@@ -152,8 +152,9 @@ def _result_path(outdir: str, run: tuple, rank: int) -> Path:
     return Path(outdir) / f"{kind}-{'-'.join(map(str, pattern))}-rank{rank}.json"
 
 
-def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str) -> None:
-    """One rank of one process group: a fit per run, each outcome written as JSON the moment it is known."""
+def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit=_fit_on_rank) -> None:
+    """One rank of one process group: ``fit(design, rank, *run)`` per run, each outcome written as JSON the moment
+    it is known."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), NODE_RANK="0",
         LOCAL_RANK=str(rank), RANK=str(rank), GLOO_SOCKET_IFNAME="lo",
@@ -165,7 +166,7 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str) -> 
     stack_file = open(Path(outdir) / f"stack-{port}-{rank}.txt", "w")  # noqa: SIM115 - kept open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     for run in runs:
-        outcome = _fit_on_rank(design, rank, *run)
+        outcome = fit(design, rank, *run)
         path = _result_path(outdir, run, rank)
         path.with_suffix(".tmp").write_text(json.dumps(outcome))
         path.with_suffix(".tmp").rename(path)
@@ -178,19 +179,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
+def launch(design, groups: list[list[tuple]], fit=_fit_on_rank, deadline_s: float = LAUNCH_DEADLINE_S
+           ) -> dict[tuple, dict]:
     """Start one process group of ``WORLD`` ranks per entry of ``groups`` (all at once); each group's ranks run its
-    ``(loader kind, pattern)`` fits one after another. Returns ``{run: {"ranks": [outcome or None, ...],
-    "hung": {rank: stack}, "exitcodes": [...]}}``.
+    ``(loader kind, pattern)`` fits one after another, each ``fit(design, rank, kind, pattern)`` returning the rank's
+    outcome. Returns ``{run: {"ranks": [outcome or None, ...], "hung": {rank: stack}, "exitcodes": [...]}}``.
 
-    Never blocks past ``LAUNCH_DEADLINE_S``: a rank still running then has its stack captured and is killed, and
-    every rank process is gone when this returns or raises (pytest-timeout's exception included).
+    Never blocks past ``deadline_s``: a rank still running then has its stack captured and is killed, and every
+    rank process is gone when this returns or raises (pytest-timeout's exception included).
     """
     context = multiprocessing.get_context("fork")  # torch and Lightning are imported already: no re-import
     with tempfile.TemporaryDirectory(prefix="c16-") as outdir:
         ports = [_free_port() for _ in groups]
         procs = {
-            (g, rank): context.Process(target=_rank_main, args=(rank, ports[g], design, runs, outdir))
+            (g, rank): context.Process(target=_rank_main, args=(rank, ports[g], design, runs, outdir, fit))
             for g, runs in enumerate(groups)
             for rank in range(WORLD)
         }
@@ -198,7 +200,7 @@ def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
         try:
             for proc in procs.values():
                 proc.start()
-            deadline = time.monotonic() + LAUNCH_DEADLINE_S
+            deadline = time.monotonic() + deadline_s
             for proc in procs.values():
                 proc.join(max(0.0, deadline - time.monotonic()))
             alive = {key: proc for key, proc in procs.items() if proc.is_alive()}
@@ -226,6 +228,7 @@ def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
                     ],
                     hung={rank: hung[g, rank] for rank in range(WORLD) if (g, rank) in hung},
                     exitcodes=[procs[g, rank].exitcode for rank in range(WORLD)],
+                    deadline_s=deadline_s,
                 )
         return results
 
