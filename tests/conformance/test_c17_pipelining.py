@@ -20,6 +20,7 @@ from pytorch_lightning.loggers import CSVLogger
 
 from tests.conformance.harness import (
     LOADER_CASES,
+    LR,
     IterStepModule,
     RegularStepModule,
     ids,
@@ -113,6 +114,28 @@ def test_drain_that_never_ends_is_an_error_naming_the_fix(design):
         make_trainer(design, max_epochs=1).fit(NeverLetsGo(), make_loader("sized", n_items=N_ITEMS))
     message = str(caught.value)
     assert "StopIteration" in message and "dataloader_iter" in message, message
+
+
+class TrainsWithItsOwnOptimizer(AsyncHandleModule):
+    """The async-handle step under manual optimisation, training with an optimizer it made itself (not one
+    ``configure_optimizers`` returned) and returning None: its drain call trains the held batch, yet looks idle."""
+
+    def __init__(self) -> None:
+        super().__init__(automatic=False)
+        self.own_optimizer = torch.optim.SGD(self.layer.parameters(), lr=LR)
+
+    def train_one(self, batch):
+        self.trained[-1].append(ids(batch))
+        self.own_optimizer.zero_grad()
+        self.manual_backward(self.loss_of([batch]))
+        self.own_optimizer.step()
+
+
+def test_drain_call_that_trains_unseen_is_reported(design):
+    with pytest.warns(UserWarning, match="changed the module's weights") as warned:
+        make_trainer(design, max_epochs=1).fit(TrainsWithItsOwnOptimizer(), make_loader("sized", n_items=N_ITEMS))
+    reported = [str(w.message) for w in warned if "changed the module's weights" in str(w.message)]
+    assert len(reported) == 1 and "configure_optimizers" in reported[0], f"one warning naming the fix: {reported}"
 
 
 class BarCounts(TQDMProgressBar):
