@@ -261,6 +261,20 @@ ITERATOR_USED_AFTER_ITS_STEP = (
     " call next(dataloader_iter) only inside the step that received it (the loop counts, transfers and checkpoints"
     " batches per step call); to use a batch in a later step, keep the batch, not the iterator."
 )
+
+
+class CutShortCallWarning(UserWarning):
+    """A training step call was cut short by the end of the data (C5): its batches were counted, not stepped. Its own
+    category so a user can make it an error: ``warnings.filterwarnings("error", category=CutShortCallWarning)``."""
+
+
+CALL_CUT_SHORT = (
+    "a `training_step(dataloader_iter)` call was cut short by the end of the data after {consumed} of its batches: "
+    "they are counted but no optimizer stepped on them, and the loop discarded the gradients the call left. Shown once "
+    "per fit; each epoch of this length will do the same. To train them, ask `dataloader_iter.has_batches(k)` before "
+    "starting a call of k batches and take fewer in the epoch's last call; to make this an error, "
+    "`warnings.filterwarnings('error', category=CutShortCallWarning)`."
+)
 STOP_ITERATION_WITH_BATCHES_LEFT = (
     "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
@@ -350,6 +364,19 @@ class StepIterator(Iterator):
 
     def _has_next(self) -> bool:
         raise NotImplementedError
+
+    def _count_ahead(self, wanted: int) -> int:
+        raise NotImplementedError(f"this design's dataloader_iter cannot look ahead {wanted} batches (has_batches)")
+
+    def has_batches(self, k: int) -> bool:
+        """Whether at least ``k`` more batches remain for this iterator (of this dataloader; in training, of the
+        epoch), looking ahead at most ``k`` batches without handing any out: a step that takes ``k`` per call asks
+        it before starting a call it could not finish (C5, a call cut short)."""
+        if self._closed:
+            raise RuntimeError(self.closed_message.format(step=self._step))
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"has_batches(k) takes a whole number of batches k >= 1, got {k!r}")
+        return self._has_next() if k == 1 else self._count_ahead(k) >= k
 
     def __next__(self) -> StepItem:
         if self._closed:

@@ -23,6 +23,7 @@ from prototypes.lightning_changes.log_batch_size import samples_in, supply_log_b
 from prototypes.lightning_changes.optimization import (
     ManualOptimizationSeesStopIteration,
     StepFirstAutomaticOptimization,
+    discard_cut_short_call,
 )
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
 from prototypes.lightning_changes.progress import ConsumedBatchProgress, ConsumedProgress, CountsConsumed
@@ -30,6 +31,6 @@ from prototypes.lightning_changes.progress import ConsumedBatchProgress, Consume
 __all__ = [
     "BatchCountingEpochLoop", "BatchCountingFitLoop", "ConsumedBatchProgress", "ConsumedProgress", "CountsConsumed",
     "ManualOptimizationSeesStopIteration", "PredictionWriterSeesStepCalls", "StepFirstAutomaticOptimization",
-    "StockProfilerActions", "drain", "epoch_stopped_early", "evaluation_drain_call", "install_loops",
-    "loader_state_reader", "samples_in", "stock_fetch_action", "supply_log_batch_size",
+    "StockProfilerActions", "discard_cut_short_call", "drain", "epoch_stopped_early", "evaluation_drain_call",
+    "install_loops", "loader_state_reader", "samples_in", "stock_fetch_action", "supply_log_batch_size",
 ]

@@ -51,6 +51,9 @@ class FetcherStepIterator(StepIterator):
     def _has_next(self) -> bool:
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)
 
+    def _count_ahead(self, wanted: int) -> int:
+        return self._fetcher.count_ahead(self.dataloader_idx, wanted)
+
 
 class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
     """Keeps up to ``options.depth`` batches in flight and hands them to the step through a ``FetcherStepIterator``.
@@ -74,6 +77,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.calls = EpochStepCalls(trainer, hook_name, self._take)  # replaced per loop over the data
         self._step_iterator: FetcherStepIterator | None = None
         self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
+        self._released_ahead = 0  # batches looked ahead at whose producer slot is already free, not yet handed out
 
     @property
     def consumed_loader_states(self) -> list[dict] | None:
@@ -131,6 +135,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
             self.resources.copy_stream if ahead else None,
         )
         self._transfer_path = None if ahead else transfer
+        self._released_ahead = 0
         self.calls = EpochStepCalls(
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
             ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
@@ -196,12 +201,25 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         with calls.lock:  # Why: the peek may take from the queue
             return calls.head_of(dataloader_idx, calls.peek_on_every_rank() if vote else calls.peek()) is None
 
+    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
+        """How many of the next ``wanted`` batches of ``dataloader_idx`` exist (the step's look-ahead)."""
+        calls = self.calls
+        with calls.lock:
+            return calls.count_ahead(dataloader_idx, wanted, self._release_ahead)
+
+    def _release_ahead(self) -> None:
+        self.prefetch_thread.release()
+        self._released_ahead += 1
+
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
         """Hand the next batch to the step: counted, and recorded in the running call (``EpochStepCalls.hand_out``)."""
         calls = self.calls
         with calls.lock:
             head = calls.hand_out(dataloader_idx)
-            self.prefetch_thread.release()
+            if self._released_ahead:  # its slot was freed when the look-ahead took it
+                self._released_ahead -= 1
+            else:
+                self.prefetch_thread.release()
             self.fetched += 1
             if calls.call.open:
                 self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx

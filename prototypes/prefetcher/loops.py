@@ -29,6 +29,7 @@ from prototypes.lightning_changes import (
     PredictionWriterSeesStepCalls,
     StepFirstAutomaticOptimization,
     StockProfilerActions,
+    discard_cut_short_call,
     drain,
     evaluation_drain_call,
     supply_log_batch_size,
@@ -56,6 +57,7 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
             fetcher.end_step_call()
             self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
             self.close_window(step_call_idx)
+            discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
             return {}
         finally:
             fetcher.end_step_call()
@@ -70,6 +72,7 @@ class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
             return super().run(kwargs)
         except StopIteration:
             fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
+            discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
             return {}
         finally:
             fetcher.end_step_call()

@@ -4,7 +4,9 @@ vote and the batches taken between calls. No loop and no thread in here."""
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +31,11 @@ class EpochStepCalls(StepCalls):
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
     ) -> None:
         super().__init__(hook_name)
-        self.trainer, self.take = trainer, take
+        self.trainer, self._produce = trainer, take
+        # batches taken beyond the head for a step's look-ahead (``count_ahead``), each already released to the
+        # producer; and the loaders' state after their end, once the producer found it with batches still ahead
+        self.ahead: deque[Produced] = deque()
+        self.end_states: list[dict] | None = None
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
@@ -40,8 +46,26 @@ class EpochStepCalls(StepCalls):
         self.taken_between_calls: list[tuple[Any, int]] = []
         self.consumed_loader_states = consumed_loader_states
 
+    def take(self) -> Produced | None:
+        """The batch after the head: the first one looked ahead at, else the producer's next (None at the end)."""
+        return self.ahead.popleft() if self.ahead else self._produce()
+
+    def count_ahead(self, dataloader_idx: int, wanted: int, release: Callable[[], None]) -> int:
+        """How many of the next ``wanted`` batches exist in ``dataloader_idx`` (under ``lock``): the step's look-ahead
+        (``StepIterator.has_batches``). The batches it takes stay queued in order; ``release`` frees each one's
+        producer slot at once, so a look-ahead past the prefetch depth does not wait for itself."""
+        head = self.peek()
+        while head is not None and len(self.ahead) + 1 < wanted and not self.exhausted:
+            produced = self._produce()
+            if produced is None:
+                break
+            release()
+            self.ahead.append(produced)
+        queued = [head, *self.ahead] if head is not None else []
+        return sum(1 for _ in itertools.takewhile(lambda p: p.dataloader_idx == dataloader_idx, queued[:wanted]))
+
     def peek(self) -> Produced | None:
-        if self.head is None and not self.exhausted:
+        if self.head is None and (self.ahead or not self.exhausted):
             self.head = self.take()
         return self.head
 
@@ -64,6 +88,7 @@ class EpochStepCalls(StepCalls):
                 return head
             # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
             self.head, self.exhausted, self.ranks_vote = None, True, False
+            self.ahead.clear()
             return None
 
     def vote_due(self) -> bool:
@@ -80,12 +105,14 @@ class EpochStepCalls(StepCalls):
         """The next batch of ``dataloader_idx``, handed to the step (under ``lock``): recorded in the running call, or
         between calls toward the next one; its loader state becomes the one a checkpoint records."""
         head = self.head
-        if head is None and not self.exhausted:  # Why not `peek()`: a call fewer on every batch
+        if head is None and (self.ahead or not self.exhausted):  # Why not `peek()`: a call fewer on every batch
             head = self.head = self.take()
         if head is None or head.dataloader_idx != dataloader_idx:
             raise StopIteration
         self.head = None
         self.consumed_loader_states = head.loader_states
+        if self.end_states is not None and not self.ahead and self.exhausted:
+            self.consumed_loader_states, self.end_states = self.end_states, None  # the last batch looked ahead at
         call = self.call
         if call.open:
             call.batches.append(head.batch)
@@ -98,7 +125,9 @@ class EpochStepCalls(StepCalls):
         """The producer found the end: nothing unconsumed is left, so a resumed run starts from the loaders' state
         after their end (None: a limit cut them short, the last handed-out batch's state stands)."""
         self.exhausted = True
-        if loader_states is not None:
+        if loader_states is not None and (self.ahead or self.head is not None):
+            self.end_states = loader_states  # recorded once the batches looked ahead at are handed out
+        elif loader_states is not None:
             self.consumed_loader_states = loader_states
 
     def start_call(self, drain: bool = False) -> StepCall:
@@ -115,3 +144,4 @@ class EpochStepCalls(StepCalls):
     def end(self) -> None:
         """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
         self.call.open, self.taken_between_calls, self.head = False, [], None
+        self.ahead.clear()
