@@ -113,3 +113,20 @@ def evaluation_drain_call(loop: Any, dataloader_idx: int, run_call: Callable[[],
         connector.update_eval_step_metrics(loop._seen_batches_per_dataloader[dataloader_idx])
         loop._seen_batches_per_dataloader[dataloader_idx] += 1
     return not did_work
+
+
+# [RFC 3]
+def prediction_drain_call(
+    loop: Any, dataloader_idx: int, run_call: Callable[[], tuple[bool, Any]], consumed: Callable[[], list[int]] = list
+) -> bool:
+    """One drain call of ``predict_step`` over ``dataloader_idx`` (C17 for prediction), whose batches are all handed
+    out: ``run_call()`` runs the step with that dataloader's exhausted iterator and returns whether a StopIteration
+    ended it and what it returned; ``consumed()``, the ``batch_idx`` of batches a pipeline's thread took toward it.
+    Returns whether the call ended the draining: it raised StopIteration or returned None (no work). A prediction
+    it returned goes where the regular calls' go, in order (``PredictionWriterSeesStepCalls._on_drain_call_returned``).
+    """
+    stopped, prediction = run_call()
+    if stopped or prediction is None:
+        return True
+    loop._on_drain_call_returned(prediction, dataloader_idx, consumed())
+    return False

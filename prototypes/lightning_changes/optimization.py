@@ -12,7 +12,7 @@ import torch
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 
-from prototypes.common import CALL_CUT_SHORT, CutShortCallWarning
+from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 
 
 # ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step

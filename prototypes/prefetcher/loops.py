@@ -32,6 +32,7 @@ from prototypes.lightning_changes import (
     discard_cut_short_call,
     drain,
     evaluation_drain_call,
+    prediction_drain_call,
     supply_log_batch_size,
 )
 from prototypes.prefetcher.fetcher import FetcherStepIterator, _PrefetchingIterFetcher
@@ -207,6 +208,13 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
         """After each step call, before its batch-end hooks; ``consumed``: the ``batch_idx`` of each batch it took."""
 
+    def _run_drain_call(self) -> tuple[bool, Any]:
+        """One drain call at the end of the current dataloader: whether a StopIteration ended it, and its output."""
+        fetcher = self._data_fetcher
+        # through the strategy, whose step ``run`` shadows with ``_step_call``: the call ends as any call does
+        output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_step_call(drain=True))
+        return fetcher.calls.call.cut_short, output
+
 
 class _ShadowedStep(functools.partial):
     """The strategy's evaluation step as ``run`` shadows it: ``_step_call`` around the strategy's own."""
@@ -227,7 +235,8 @@ def _step_call(
     finally:
         fetcher.end_step_call()
     step_call = fetcher.calls.call
-    loop._on_step_returned(output, dataloader_iter.dataloader_idx, step_call.batch_indices, step_call.cut_short)
+    if not step_call.drain:  # a drain call's output is its drain rule's to place (`evaluation_drain_call` and kin)
+        loop._on_step_returned(output, dataloader_iter.dataloader_idx, step_call.batch_indices, step_call.cut_short)
     return output
 
 
@@ -238,15 +247,8 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
 
     def _drain_dataloader(self, dataloader_idx: int) -> None:
         """The drain calls at the end of a dataloader's batches (C17 for evaluation), before the loop moves on."""
-        fetcher = self._data_fetcher
-
-        def run_call() -> tuple[bool, Any]:
-            # through the strategy, whose step ``run`` shadows with ``_step_call``: the call ends as any call does
-            output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_step_call(drain=True))
-            return fetcher.calls.call.cut_short, output
-
-        with fetcher.calls.drain_calls():
-            drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, run_call)
+        with self._data_fetcher.calls.drain_calls():
+            drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, self._run_drain_call)
             drain(self.trainer, drain_call, self.step_name)
 
 
@@ -254,6 +256,15 @@ class _PrefetchingPredictionLoop(
     StockProfilerActions, PredictionWriterSeesStepCalls, _PrefetchingEvaluationSteps, _PredictionLoop
 ):
     step_name = "predict_step"
+
+    def _drain_dataloader(self, dataloader_idx: int) -> None:
+        """The drain calls at the end of a dataloader's batches (C17 for prediction), before the loop moves on."""
+        calls = self._data_fetcher.calls
+        with calls.drain_calls():
+            drain_call = functools.partial(
+                prediction_drain_call, self, dataloader_idx, self._run_drain_call, lambda: calls.call.batch_indices
+            )
+            drain(self.trainer, drain_call, self.step_name)
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)

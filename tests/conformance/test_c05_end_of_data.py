@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from prototypes.common import CutShortCallWarning
+from prototypes.batches_per_call import CutShortCallWarning
 from tests.conformance.harness import (
     KINDS,
     IterStepModule,

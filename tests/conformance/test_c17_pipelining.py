@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger
 
 from tests.conformance.harness import (
@@ -240,3 +240,54 @@ def test_pipelining_validation_step_evaluates_every_batch_of_each_dataloader(des
         f"(ids, dataloader_idx) evaluated {module.validated}; expected every batch of each dataloader once, in order:"
         f" {expected} (the batch a step holds at a dataloader's end is evaluated in a drain call)"
     )
+
+
+class PipeliningPrediction(IterStepModule):
+    """A ``predict_step`` that holds one batch across calls: each call pulls the next batch and returns the
+    prediction of the one pulled before (its ids and dataloader); it holds one at each dataloader's end."""
+
+    def __init__(self) -> None:
+        super().__init__((1,))
+        self.held: tuple | None = None
+
+    def predict_step(self, dataloader_iter):
+        if self.held is None:
+            self.held = next(dataloader_iter)
+        try:
+            following = next(dataloader_iter)
+        except StopIteration:
+            following = None
+        batch, _, dataloader_idx = self.held
+        self.held = following
+        return ids(batch), dataloader_idx
+
+
+class KeptWrites(BasePredictionWriter):
+    """Keeps the predictions a writer is given, per ``write_on_batch_end`` and at ``write_on_epoch_end``. Its
+    ``setup`` skips Lightning's guard against the flavour (C18)."""
+
+    def __init__(self) -> None:
+        super().__init__("batch_and_epoch")
+        self.batch_writes: list = []
+        self.epoch_writes: list = []
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        pass
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batch_writes.append(prediction)
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+        self.epoch_writes = predictions
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+def test_pipelining_predict_step_returns_every_batchs_prediction_in_order(design, kind):
+    # two dataloaders: the batch held at the end of each is predicted in a drain call, before the next dataloader
+    loaders = [make_loader(kind, n_items=8), make_loader(kind, n_items=6)]
+    writer = KeptWrites()
+    results = make_trainer(design, callbacks=[writer]).predict(PipeliningPrediction(), loaders)
+    expected = [[(batch, idx) for batch in loader_sequence(loader)] for idx, loader in enumerate(loaders)]
+    assert results == expected, f"trainer.predict returned {results}; expected every batch's prediction in order"
+    assert writer.batch_writes == [p for per_loader in expected for p in per_loader], "the writer's batch writes"
+    assert writer.epoch_writes == expected, "the writer's epoch write"

@@ -22,7 +22,7 @@ from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.profilers import AdvancedProfiler, SimpleProfiler
 from pytorch_lightning.tuner import Tuner
 
-from prototypes.common import estimated_optimizer_steps
+from prototypes.batches_per_call import estimated_optimizer_steps
 from tests.conformance.harness import (
     BATCH_SIZE,
     CountingSGD,

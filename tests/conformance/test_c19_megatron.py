@@ -19,7 +19,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from prototypes.common import CutShortCallWarning
+from prototypes.batches_per_call import CutShortCallWarning
 from tests.conformance.harness import QUIET, loader_sequence, make_loader, make_trainer
 from tests.conformance.megatron_client import (
     EPOCHS,

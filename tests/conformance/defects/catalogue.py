@@ -6,7 +6,7 @@ from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.utilities.data import extract_batch_size
 
 import prototypes.common as common
-from prototypes import lightning_changes
+from prototypes import batches_per_call, lightning_changes
 from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
@@ -289,6 +289,10 @@ CATALOGUE: tuple[Defect, ...] = (
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self: None),
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
+    Defect("prediction_never_drains", "C17", "batch_processor",
+           "ends a prediction dataloader without drain calls, while the predict step still holds a batch",
+           (bp_evaluation.IteratorPredictionLoop, "_drain_dataloader"), _instead(lambda self, step, batches, idx: None),
+           (C17 + "test_pipelining_predict_step_returns_every_batchs_prediction_in_order",), "sized"),
     Defect("weight_change_unnoticed", "C17", "prefetcher",
            "ends the draining at a call that looks idle without noticing that it changed the weights",
            (lightning_changes.draining.WeightChanges, "changed"), _instead(lambda self: False),
@@ -330,7 +334,7 @@ CATALOGUE: tuple[Defect, ...] = (
            "TrainPipelineSparseDist and sized"),
     Defect("schedule_sized_by_the_runs_batches", "C18", "prefetcher",
            "sizes a step's schedule as estimated_stepping_batches // k, short of the epochs' partial calls",
-           (common, "estimated_optimizer_steps"), _instead(_divides_the_runs_batches),
+           (batches_per_call, "estimated_optimizer_steps"), _instead(_divides_the_runs_batches),
            (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
     Defect("look_ahead_of_one", "C18", "prefetcher",
            "looks ahead one batch only, so has_batches(k) is False for every k above 1",

@@ -11,7 +11,7 @@ from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimizatio
 from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.trainer import call
 
-from prototypes.common import CALL_CUT_SHORT, CutShortCallWarning
+from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import prefetch_thread
 from prototypes.prefetcher import producer as prefetch_producer
