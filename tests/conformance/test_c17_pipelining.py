@@ -207,16 +207,16 @@ def test_drain_calls_log_and_count_as_the_regular_flavour(
     )
 
 
-class PipeliningValidation(IterStepModule):
-    """A ``validation_step`` that holds one batch across calls: each call pulls the next batch and evaluates the one
-    pulled before, returning an output; with nothing held at a dataloader's end, its ``next()`` ends the draining."""
+class HoldsOneBatch(IterStepModule):
+    """An evaluation step that holds one batch across calls: each call pulls the next batch and works on the one
+    pulled before (``swap``); with nothing held at a dataloader's end, its ``next()`` ends the draining."""
 
     def __init__(self) -> None:
         super().__init__((1,))
-        self.validated: list[tuple[tuple[int, ...], int]] = []  # (ids, dataloader_idx) in the order evaluated
         self.held: tuple | None = None
 
-    def validation_step(self, dataloader_iter):
+    def swap(self, dataloader_iter) -> tuple:
+        """The batch pulled before, and its dataloader's index; the one pulled now is held."""
         if self.held is None:
             self.held = next(dataloader_iter)
         try:
@@ -225,6 +225,18 @@ class PipeliningValidation(IterStepModule):
             following = None
         batch, _, dataloader_idx = self.held
         self.held = following
+        return batch, dataloader_idx
+
+
+class PipeliningValidation(HoldsOneBatch):
+    """Evaluates the batch it held, returning an output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated: list[tuple[tuple[int, ...], int]] = []  # (ids, dataloader_idx) in the order evaluated
+
+    def validation_step(self, dataloader_iter):
+        batch, dataloader_idx = self.swap(dataloader_iter)
         self.validated.append((ids(batch), dataloader_idx))
         return torch.zeros(())
 
@@ -242,23 +254,11 @@ def test_pipelining_validation_step_evaluates_every_batch_of_each_dataloader(des
     )
 
 
-class PipeliningPrediction(IterStepModule):
-    """A ``predict_step`` that holds one batch across calls: each call pulls the next batch and returns the
-    prediction of the one pulled before (its ids and dataloader); it holds one at each dataloader's end."""
-
-    def __init__(self) -> None:
-        super().__init__((1,))
-        self.held: tuple | None = None
+class PipeliningPrediction(HoldsOneBatch):
+    """Returns the prediction of the batch it held: its ids and dataloader."""
 
     def predict_step(self, dataloader_iter):
-        if self.held is None:
-            self.held = next(dataloader_iter)
-        try:
-            following = next(dataloader_iter)
-        except StopIteration:
-            following = None
-        batch, _, dataloader_idx = self.held
-        self.held = following
+        batch, dataloader_idx = self.swap(dataloader_iter)
         return ids(batch), dataloader_idx
 
 
