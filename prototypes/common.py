@@ -336,9 +336,10 @@ class StepIterator(Iterator):
     loading thread) hands out the next batch, counted toward the next call. A design's subclass hands out the next
     ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when none remains), says in ``_has_next``
     whether one remains and in ``_count_ahead(k)`` how many of the next k remain, handing none out (what
-    ``has_batches`` answers; a design that cannot look ahead leaves it raising). ``done`` is exact (C5). Once the loop closes the iterator, ``next()`` raises an error naming
-    the fix (``closed_message``): a batch taken then would belong to no step call. A design that hands each call a new
-    iterator and closes it when the call returns sets ``ITERATOR_USED_AFTER_ITS_STEP``, stricter than the contract.
+    ``has_batches`` answers; a design that cannot look ahead leaves it raising). ``done`` is exact (C5). Once the
+    loop closes the iterator, ``next()`` raises an error naming the fix (``closed_message``): a batch taken then would
+    belong to no step call. A design that hands each call a new iterator and closes it when the call returns sets
+    ``ITERATOR_USED_AFTER_ITS_STEP``, stricter than the contract.
     """
 
     closed_message = ITERATOR_USED_AFTER_ITS_LOOP
