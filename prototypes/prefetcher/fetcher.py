@@ -139,7 +139,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self.calls = EpochStepCalls(
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
             ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
-            consumed_loader_states=producer.loader_states(),
+            consumed_loader_states=producer.loader_states(), release_ahead=self._release_ahead,
         )
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
         if self._thread_records_on_profiler:
@@ -205,7 +205,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         """How many of the next ``wanted`` batches of ``dataloader_idx`` exist (the step's look-ahead)."""
         calls = self.calls
         with calls.lock:
-            return calls.count_ahead(dataloader_idx, wanted, self._release_ahead)
+            return calls.count_ahead(dataloader_idx, wanted)
 
     def _release_ahead(self) -> None:
         self.prefetch_thread.release()

@@ -339,7 +339,7 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("look_ahead_of_one", "C18", "prefetcher",
            "looks ahead one batch only, so has_batches(k) is False for every k above 1",
            (prefetch_step_calls.EpochStepCalls, "count_ahead"),
-           _instead(lambda self, dataloader_idx, wanted, release: int(self.peek() is not None)),
+           _instead(lambda self, dataloader_idx, wanted: int(self.peek() is not None)),
            (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
     Defect("evaluation_never_drains", "C19", "prefetcher",
            "ends an evaluation dataloader without drain calls, while the validation step still holds batches",
