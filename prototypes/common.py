@@ -266,6 +266,7 @@ ITERATOR_USED_AFTER_ITS_STEP = (
     " call next(dataloader_iter) only inside the step that received it (the loop counts, transfers and checkpoints"
     " batches per step call); to use a batch in a later step, keep the batch, not the iterator."
 )
+
 STOP_ITERATION_WITH_BATCHES_LEFT = (
     "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
@@ -338,10 +339,12 @@ class StepIterator(Iterator):
     The contract: one object for every step call over one dataloader (in training: the epoch), as stock Lightning
     hands out, valid until the loop over that dataloader ends; a ``next()`` between step calls (a pipeline's own
     loading thread) hands out the next batch, counted toward the next call. A design's subclass hands out the next
-    ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when none remains) and says in ``_has_next``
-    whether one remains. ``done`` is exact (C5). Once the loop closes the iterator, ``next()`` raises an error naming
-    the fix (``closed_message``): a batch taken then would belong to no step call. A design that hands each call a new
-    iterator and closes it when the call returns sets ``ITERATOR_USED_AFTER_ITS_STEP``, stricter than the contract.
+    ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when none remains), says in ``_has_next``
+    whether one remains and in ``_count_ahead(k)`` how many of the next k remain, handing none out (what
+    ``has_batches`` answers; a design that cannot look ahead leaves it raising). ``done`` is exact (C5). Once the
+    loop closes the iterator, ``next()`` raises an error naming the fix (``closed_message``): a batch taken then would
+    belong to no step call. A design that hands each call a new iterator and closes it when the call returns sets
+    ``ITERATOR_USED_AFTER_ITS_STEP``, stricter than the contract.
     """
 
     closed_message = ITERATOR_USED_AFTER_ITS_LOOP
@@ -355,6 +358,19 @@ class StepIterator(Iterator):
 
     def _has_next(self) -> bool:
         raise NotImplementedError
+
+    def _count_ahead(self, wanted: int) -> int:
+        raise NotImplementedError(f"this design's dataloader_iter cannot look ahead {wanted} batches (has_batches)")
+
+    def has_batches(self, k: int) -> bool:
+        """Whether at least ``k`` more batches remain for this iterator (of this dataloader; in training, of the
+        epoch), looking ahead at most ``k`` batches without handing any out: a step that takes ``k`` per call asks
+        it before starting a call it could not finish (C5, a call cut short)."""
+        if self._closed:
+            raise RuntimeError(self.closed_message.format(step=self._step))
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"has_batches(k) takes a whole number of batches k >= 1, got {k!r}")
+        return self._has_next() if k == 1 else self._count_ahead(k) >= k
 
     def __next__(self) -> StepItem:
         if self._closed:

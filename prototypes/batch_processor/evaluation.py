@@ -29,6 +29,7 @@ from prototypes.lightning_changes import (
     StockProfilerActions,
     drain,
     evaluation_drain_call,
+    prediction_drain_call,
 )
 
 
@@ -101,7 +102,18 @@ class _EvaluationStepsPullBatches:
             self.on_iteration_done()
 
     def _drain_dataloader(self, step: str, batches: LookAhead, dataloader_idx: int) -> None:
-        """The drain calls after the call that took a dataloader's last batch (C17 for evaluation); none here."""
+        """The drain calls after the call that took a dataloader's last batch (C17 for evaluation and prediction)."""
+
+    def _run_drain_call(self, step: str, batches: LookAhead, dataloader_idx: int) -> tuple[bool, Any]:
+        """One call of ``step`` with the exhausted iterator of ``dataloader_idx``: whether a StopIteration ended it,
+        and what it returned."""
+        dataloader_iter = LookAheadStepIterator(batches, lambda item: item, dataloader_idx, step)  # exhausted
+        try:
+            return False, call._call_strategy_hook(self.trainer, step, dataloader_iter)
+        except StopIteration:
+            return True, None
+        finally:
+            dataloader_iter.close()
 
     def _on_dataloader_change(self) -> None:
         pass
@@ -128,15 +140,7 @@ class IteratorEvaluationLoop(StockProfilerActions, _EvaluationStepsPullBatches, 
         return self._run_pulling(name)
 
     def _drain_dataloader(self, step: str, batches: LookAhead, dataloader_idx: int) -> None:
-        def run_call() -> tuple[bool, Any]:
-            dataloader_iter = LookAheadStepIterator(batches, lambda item: item, dataloader_idx, step)  # exhausted
-            try:
-                return False, call._call_strategy_hook(self.trainer, step, dataloader_iter)
-            except StopIteration:
-                return True, None
-            finally:
-                dataloader_iter.close()
-
+        run_call = partial(self._run_drain_call, step, batches, dataloader_idx)
         drain(self.trainer, partial(evaluation_drain_call, self, dataloader_idx, run_call), step)
 
     @_no_grad_context
@@ -191,6 +195,10 @@ class IteratorPredictionLoop(
         self.on_run_start()
         self._pull_batches("predict_step", "predict", self.num_dataloaders > 1)
         return self.on_run_end()
+
+    def _drain_dataloader(self, step: str, batches: LookAhead, dataloader_idx: int) -> None:
+        run_call = partial(self._run_drain_call, step, batches, dataloader_idx)
+        drain(self.trainer, partial(prediction_drain_call, self, dataloader_idx, run_call), step)
 
     def _on_step_end(self, output: Any, dataloader_idx: int, cut_short: bool) -> None:
         if cut_short:  # a call ended by StopIteration returned nothing

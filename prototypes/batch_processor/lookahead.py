@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -35,26 +37,46 @@ class LookAhead:
         self._fetch_error: Exception | None = None
         self.exhausted = False
         self.consumed_loader_states: Any = None
+        # what a step's look-ahead (``count_ahead``) fetched beyond the head, in order: each with the loaders' state
+        # before its fetch, and the batch, or the error the fetch raised, or None for the end
+        self._ahead: deque[tuple[Any, StepItem | Exception | None]] = deque()
         self._fetch_head()
 
-    def _fetch_head(self) -> None:
+    def _fetch_one(self) -> tuple[Any, StepItem | Exception | None]:
         # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
-        self.consumed_loader_states = self._snapshot()
+        before = self._snapshot()
         try:
-            self._head = self._fetch()
+            return before, self._fetch()
         except StopIteration:
-            self._head, self.exhausted = None, True
             # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
-            self.consumed_loader_states = self._snapshot()
+            return self._snapshot(), None
         except Exception as error:
             # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
             # raise it when that batch is asked for, with its original type and traceback
-            self._head, self._fetch_error = None, error
+            return before, error
+
+    def _fetch_head(self) -> None:
+        self.consumed_loader_states, fetched = self._ahead.popleft() if self._ahead else self._fetch_one()
+        self._head, self._fetch_error = (None, fetched) if isinstance(fetched, Exception) else (fetched, None)
+        self.exhausted = fetched is None
         self._head_transferred = False
+
+    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
+        """How many of the next ``wanted`` batches are of ``dataloader_idx`` (a step's look-ahead), fetching up to
+        ``wanted - 1`` beyond the head; they are handed out in order later, each transferred when first needed."""
+        while self._head is not None and len(self._ahead) + 1 < wanted:
+            if self._ahead and not isinstance(self._ahead[-1][1], tuple):
+                break  # the end, or an error, is already ahead
+            self._ahead.append(self._fetch_one())
+        queued = [self._head, *(item for _, item in self._ahead)]
+        return sum(1 for _ in itertools.takewhile(
+            lambda item: isinstance(item, tuple) and item[2] == dataloader_idx, queued[:wanted]
+        ))
 
     def drop_rest(self) -> None:
         """End here, with batches left (the ranks' vote ended the epoch): none is handed out any more."""
         self._head, self._fetch_error, self.exhausted = None, None, True
+        self._ahead.clear()
 
     def exhausted_for(self, dataloader_idx: int) -> bool:
         """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
@@ -114,6 +136,9 @@ class LookAheadStepIterator(StepIterator):
 
     def _has_next(self) -> bool:
         return not self._batches.exhausted_for(self._dataloader_idx)
+
+    def _count_ahead(self, wanted: int) -> int:
+        return self._batches.count_ahead(self._dataloader_idx, wanted)
 
 
 def fetch_within_limits(data_fetcher: _DataFetcher) -> StepItem:

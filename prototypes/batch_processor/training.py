@@ -35,6 +35,7 @@ from prototypes.lightning_changes import (
     ConsumedBatchProgress,
     ManualOptimizationSeesStopIteration,
     StepFirstAutomaticOptimization,
+    discard_cut_short_call,
     loader_state_reader,
     supply_log_batch_size,
 )
@@ -107,6 +108,7 @@ class _StepCallHandOut:
             step_call.cut_short = True
             if trainer.lightning_module.automatic_optimization:
                 self.automatic_optimization.close_window(step_call.index - 1)
+            discard_cut_short_call(trainer, step_call.consumed)
             return None
         finally:
             dataloader_iter.close()

@@ -15,7 +15,12 @@ Loops, progress objects, fetchers and the strategy keep CPython's inline attribu
 packed). ``tests/designs/test_attribute_layout.py`` guards the layout for every design.
 """
 
-from prototypes.lightning_changes.draining import drain, epoch_stopped_early, evaluation_drain_call
+from prototypes.lightning_changes.draining import (
+    drain,
+    epoch_stopped_early,
+    evaluation_drain_call,
+    prediction_drain_call,
+)
 from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop, StockProfilerActions, stock_fetch_action
 from prototypes.lightning_changes.fit_loop import BatchCountingFitLoop, loader_state_reader
 from prototypes.lightning_changes.install import install_loops
@@ -23,6 +28,7 @@ from prototypes.lightning_changes.log_batch_size import samples_in, supply_log_b
 from prototypes.lightning_changes.optimization import (
     ManualOptimizationSeesStopIteration,
     StepFirstAutomaticOptimization,
+    discard_cut_short_call,
 )
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
 from prototypes.lightning_changes.progress import ConsumedBatchProgress, ConsumedProgress, CountsConsumed
@@ -30,6 +36,7 @@ from prototypes.lightning_changes.progress import ConsumedBatchProgress, Consume
 __all__ = [
     "BatchCountingEpochLoop", "BatchCountingFitLoop", "ConsumedBatchProgress", "ConsumedProgress", "CountsConsumed",
     "ManualOptimizationSeesStopIteration", "PredictionWriterSeesStepCalls", "StepFirstAutomaticOptimization",
-    "StockProfilerActions", "drain", "epoch_stopped_early", "evaluation_drain_call", "install_loops",
-    "loader_state_reader", "samples_in", "stock_fetch_action", "supply_log_batch_size",
+    "StockProfilerActions", "discard_cut_short_call", "drain", "epoch_stopped_early", "evaluation_drain_call",
+    "install_loops", "loader_state_reader", "prediction_drain_call", "samples_in", "stock_fetch_action",
+    "supply_log_batch_size",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.loops.utilities import _is_max_limit_reached
 
 from prototypes.common import NoProgressGuard, every_rank_has_a_batch
@@ -46,6 +48,49 @@ def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = 
 
 
 # [RFC 3]
+@contextlib.contextmanager
+def configured_optimizer_steps(trainer: pl.Trainer) -> Iterator[list[torch.optim.Optimizer]]:
+    """While it is open, every ``step()`` of an optimizer the module configured is appended to the list it yields,
+    whether the step went through Lightning's wrapper (``self.optimizers()``) or the raw optimizer
+    (``self.optimizers(use_pl_optimizer=False)``, as TorchRec's examples hand it to a pipeline).
+
+    Why hooks only around a drain call: the drain rule (C17) is the one reader, and the regular path pays nothing;
+    removed on exit, so the Trainer stays picklable and deep-copyable.
+    """
+    stepped: list[torch.optim.Optimizer] = []
+    handles = [
+        optimizer.register_step_post_hook(lambda opt, *_: stepped.append(opt)) for optimizer in trainer.optimizers
+    ]
+    try:
+        yield stepped
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+# [RFC 3]
+class WeightChanges:
+    """Whether the module's weights changed in place since it was made (``changed()``): how the loop tells that a drain
+    call which looks idle to C17's rule trained all the same, with something it cannot see (an optimizer the module
+    did not configure)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self._parameters = list(module.parameters())
+        self._versions = [parameter._version for parameter in self._parameters]
+
+    def changed(self) -> bool:
+        return any(p._version != v for p, v in zip(self._parameters, self._versions, strict=True))
+
+
+DRAIN_CALL_TRAINED_UNSEEN = (
+    "a drain call of `training_step(dataloader_iter)` changed the module's weights but returned None and stepped no"
+    " optimizer from `configure_optimizers`, so the loop took it for idle and ended the draining: batches the step"
+    " still holds will not be trained. Step an optimizer that `configure_optimizers` returns (Lightning's wrapper"
+    " or `self.optimizers(use_pl_optimizer=False)`), or return the loss of the batch the call trained."
+)
+
+
+# [RFC 3]
 def evaluation_drain_call(loop: Any, dataloader_idx: int, run_call: Callable[[], tuple[bool, Any]]) -> bool:
     """One drain call of a validation or test step (C17 for evaluation) over ``dataloader_idx``, whose batches are
     all handed out; ``run_call()`` runs the step with that dataloader's exhausted iterator and returns whether a
@@ -68,3 +113,20 @@ def evaluation_drain_call(loop: Any, dataloader_idx: int, run_call: Callable[[],
         connector.update_eval_step_metrics(loop._seen_batches_per_dataloader[dataloader_idx])
         loop._seen_batches_per_dataloader[dataloader_idx] += 1
     return not did_work
+
+
+# [RFC 3]
+def prediction_drain_call(
+    loop: Any, dataloader_idx: int, run_call: Callable[[], tuple[bool, Any]], consumed: Callable[[], list[int]] = list
+) -> bool:
+    """One drain call of ``predict_step`` over ``dataloader_idx`` (C17 for prediction), whose batches are all handed
+    out: ``run_call()`` runs the step with that dataloader's exhausted iterator and returns whether a StopIteration
+    ended it and what it returned; ``consumed()``, the ``batch_idx`` of batches a pipeline's thread took toward it.
+    Returns whether the call ended the draining: it raised StopIteration or returned None (no work). A prediction
+    it returned goes where the regular calls' go, in order (``PredictionWriterSeesStepCalls._on_drain_call_returned``).
+    """
+    stopped, prediction = run_call()
+    if stopped or prediction is None:
+        return True
+    loop._on_drain_call_returned(prediction, dataloader_idx, consumed())
+    return False

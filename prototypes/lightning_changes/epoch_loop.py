@@ -4,6 +4,7 @@ action names its subclasses keep."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import pytorch_lightning as pl
@@ -11,7 +12,13 @@ from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingE
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
 
 from prototypes.common import end_of_data_vote_needed, every_rank_has_a_batch
-from prototypes.lightning_changes.draining import drain, epoch_stopped_early
+from prototypes.lightning_changes.draining import (
+    DRAIN_CALL_TRAINED_UNSEEN,
+    WeightChanges,
+    configured_optimizer_steps,
+    drain,
+    epoch_stopped_early,
+)
 
 
 # [RFC 11] stock profiler action names
@@ -79,11 +86,14 @@ class DrainsHeldBatches:
         pipelines refill their queue with ``next(it, None)`` while they still hold batches.
         """
         trainer = self.trainer
-        steps_before = trainer.global_step
+        weights = WeightChanges(trainer.lightning_module)
         trainer._logger_connector.on_batch_start(None)
-        stopped, outputs = self._run_drain_call()
+        # Why count the configured optimizers' own steps, not `global_step`: a step may hand a pipeline the raw
+        # optimizer, whose steps Lightning's counts never see; they are work all the same (C17)
+        with configured_optimizer_steps(trainer) as steps:
+            stopped, outputs = self._run_drain_call()
         trainer._logger_connector.on_batch_end()
-        stepped = trainer.global_step > steps_before
+        stepped = bool(steps)
         if stepped:
             # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
             # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
@@ -94,10 +104,12 @@ class DrainsHeldBatches:
             trainer._logger_connector.update_train_step_metrics()
         # Why the outputs alone under automatic optimisation: Lightning counts an optimizer step for a call that
         # returned None too (the closure's None only skips the update); under manual optimisation a step that trains
-        # may return nothing, and its `self.optimizers()` steps are what tells
+        # may return nothing, and its optimizers' steps are what tells
         manual = not trainer.lightning_module.automatic_optimization
-        did_work = bool(outputs) or (manual and stepped)
-        return stopped or not did_work
+        idle = not (outputs or (manual and stepped))
+        if idle and not stopped and weights.changed():
+            warnings.warn(DRAIN_CALL_TRAINED_UNSEEN, UserWarning, stacklevel=2)
+        return stopped or idle
 
 
 class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingEpochLoop):

@@ -30,6 +30,11 @@ class BatchCountingFitLoop(_FitLoop):
     :class:`BatchCountingEpochLoop`; a design says what its loaders' state was as of the batches handed out."""
 
     epoch_loop: BatchCountingEpochLoop
+    cut_short_call_reported = False  # this fit warned of a call cut short (``discard_cut_short_call``)
+
+    def on_run_start(self) -> None:
+        self.cut_short_call_reported = False
+        super().on_run_start()
 
     def consumed_loader_states(self) -> list[dict] | None:
         raise NotImplementedError

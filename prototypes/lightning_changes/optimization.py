@@ -3,6 +3,7 @@ seen by the loop (manual)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+
+from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 
 
 # ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
@@ -125,3 +128,21 @@ class ManualOptimizationSeesStopIteration(_ManualOptimization):
             return super().run(kwargs)
         except _StepRaisedStopIteration as carried:
             raise carried.__cause__ from None
+
+
+# ----------------------------------------------------------------------- [RFC 5] a call cut short
+def discard_cut_short_call(trainer: pl.Trainer, consumed: int) -> None:
+    """A training step call that took ``consumed`` batches was cut short by the end of the data (C5): no optimizer
+    steps on them. Under manual optimisation the call may have run backward on some of them (Megatron's schedule runs
+    each micro-batch's backward before it pulls the next): the loop zeroes every configured optimizer's gradients, so
+    none reaches the next epoch's first step whatever the step's order of zero_grad and step (under automatic
+    optimisation no backward ran). The first such call of a fit with batches warns (``CutShortCallWarning``)."""
+    if not consumed:
+        return  # a call that found the end at its first next() trained nothing
+    if not trainer.lightning_module.automatic_optimization:
+        for optimizer in trainer.optimizers:
+            optimizer.zero_grad()
+    fit_loop = trainer.fit_loop
+    if not fit_loop.cut_short_call_reported:
+        fit_loop.cut_short_call_reported = True
+        warnings.warn(CALL_CUT_SHORT.format(consumed=consumed), CutShortCallWarning, stacklevel=2)

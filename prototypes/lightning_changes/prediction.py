@@ -46,6 +46,22 @@ class PredictionWriterSeesStepCalls:
         if not self._return_predictions:  # with return_predictions the loop keeps them already
             self._predictions[dataloader_idx].append(move_data_to_device(prediction, torch.device("cpu")))
 
+    # [RFC 3]
+    def _on_drain_call_returned(self, prediction: Any, dataloader_idx: int, consumed: list[int]) -> None:
+        """A drain call of ``predict_step`` (C17) returned ``prediction``: it joins ``trainer.predict``'s results and
+        what the writers get, after the predictions of the calls before it. ``consumed``: the ``batch_idx`` of the
+        batches a pipeline's thread took toward the call. No batch hook runs around a drain call, so the loop hands a
+        ``"batch"`` writer the prediction itself, with no batch and no ``batch_idx`` (None)."""
+        self._on_step_returned(prediction, dataloader_idx, consumed, cut_short=False)
+        if self._return_predictions:
+            self._predictions[dataloader_idx].append(move_data_to_device(prediction, torch.device("cpu")))
+        trainer = self.trainer
+        for writer in trainer.callbacks:
+            if isinstance(writer, BasePredictionWriter) and writer.interval.on_batch:
+                indices = self.current_batch_indices if consumed else []
+                writer.write_on_batch_end(trainer, trainer.lightning_module, prediction, indices, None, None,
+                                          dataloader_idx)
+
     def _seen_indices(self, dataloader_idx: int) -> list[list[int]]:
         """Each batch's sample indices so far (empty, with Lightning's warning, when the loader cannot tell them)."""
         assert self._combined_loader is not None

@@ -52,6 +52,9 @@ class FetcherStepIterator(StepIterator):
     def _has_next(self) -> bool:
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)
 
+    def _count_ahead(self, wanted: int) -> int:
+        return self._fetcher.count_ahead(self.dataloader_idx, wanted)
+
 
 class _StepCallHandOut:
     """The fetcher's hand-out to the step calls (the loop's thread; ``consume`` and ``done_for`` also on a pipeline's
@@ -87,12 +90,25 @@ class _StepCallHandOut:
         with calls.lock:  # Why: the peek may take from the queue
             return calls.head_of(dataloader_idx, calls.peek_on_every_rank() if vote else calls.peek()) is None
 
+    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
+        """How many of the next ``wanted`` batches of ``dataloader_idx`` exist (the step's look-ahead)."""
+        calls = self.calls
+        with calls.lock:
+            return calls.count_ahead(dataloader_idx, wanted)
+
+    def _release_ahead(self) -> None:
+        self.prefetch_thread.release()
+        self._released_ahead += 1
+
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
         """Hand the next batch to the step: counted, and recorded in the running call (``EpochStepCalls.hand_out``)."""
         calls = self.calls
         with calls.lock:
             head = calls.hand_out(dataloader_idx)
-            self.prefetch_thread.release()
+            if self._released_ahead:  # its slot was freed when the look-ahead took it
+                self._released_ahead -= 1
+            else:
+                self.prefetch_thread.release()
             self.fetched += 1
             if calls.call.open:
                 self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
@@ -145,10 +161,11 @@ class _LoaderIteratorLifecycle:
             self.resources.copy_stream if ahead else None,
         )
         self._transfer_path = None if ahead else transfer
+        self._released_ahead = 0
         self.calls = EpochStepCalls(
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
             ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
-            consumed_loader_states=producer.loader_states(),
+            consumed_loader_states=producer.loader_states(), release_ahead=self._release_ahead,
         )
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
         if self._thread_records_on_profiler:
@@ -224,6 +241,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         self.calls = EpochStepCalls(trainer, hook_name, self._take)  # replaced per loop over the data
         self._step_iterator: FetcherStepIterator | None = None
         self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
+        self._released_ahead = 0  # batches looked ahead at whose producer slot is already free, not yet handed out
 
     @property
     def consumed_loader_states(self) -> list[dict] | None:

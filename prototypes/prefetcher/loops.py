@@ -29,8 +29,10 @@ from prototypes.lightning_changes import (
     PredictionWriterSeesStepCalls,
     StepFirstAutomaticOptimization,
     StockProfilerActions,
+    discard_cut_short_call,
     drain,
     evaluation_drain_call,
+    prediction_drain_call,
     supply_log_batch_size,
 )
 from prototypes.prefetcher.fetcher import FetcherStepIterator, _PrefetchingIterFetcher
@@ -62,6 +64,7 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
             fetcher.end_step_call()
             self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
             self.close_window(step_call_idx)
+            discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
             return {}
         finally:
             fetcher.end_step_call()
@@ -76,6 +79,7 @@ class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
             return super().run(kwargs)
         except StopIteration:
             fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
+            discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
             return {}
         finally:
             fetcher.end_step_call()
@@ -210,6 +214,13 @@ class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
         """After each step call, before its batch-end hooks; ``consumed``: the ``batch_idx`` of each batch it took."""
 
+    def _run_drain_call(self) -> tuple[bool, Any]:
+        """One drain call at the end of the current dataloader: whether a StopIteration ended it, and its output."""
+        fetcher = self._data_fetcher
+        # through the strategy, whose step ``run`` shadows with ``_step_call``: the call ends as any call does
+        output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_step_call(drain=True))
+        return fetcher.calls.call.cut_short, output
+
 
 class _ShadowedStep(functools.partial):
     """The strategy's evaluation step as ``run`` shadows it: ``_step_call`` around the strategy's own."""
@@ -230,7 +241,8 @@ def _step_call(
     finally:
         fetcher.end_step_call()
     step_call = fetcher.calls.call
-    loop._on_step_returned(output, dataloader_iter.dataloader_idx, step_call.batch_indices, step_call.cut_short)
+    if not step_call.drain:  # a drain call's output is its drain rule's to place (`evaluation_drain_call` and kin)
+        loop._on_step_returned(output, dataloader_iter.dataloader_idx, step_call.batch_indices, step_call.cut_short)
     return output
 
 
@@ -241,15 +253,8 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
 
     def _drain_dataloader(self, dataloader_idx: int) -> None:
         """The drain calls at the end of a dataloader's batches (C17 for evaluation), before the loop moves on."""
-        fetcher = self._data_fetcher
-
-        def run_call() -> tuple[bool, Any]:
-            # through the strategy, whose step ``run`` shadows with ``_step_call``: the call ends as any call does
-            output = call._call_strategy_hook(self.trainer, self.step_name, fetcher.start_step_call(drain=True))
-            return fetcher.calls.call.cut_short, output
-
-        with fetcher.calls.drain_calls():
-            drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, run_call)
+        with self._data_fetcher.calls.drain_calls():
+            drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, self._run_drain_call)
             drain(self.trainer, drain_call, self.step_name)
 
 
@@ -257,6 +262,15 @@ class _PrefetchingPredictionLoop(
     StockProfilerActions, PredictionWriterSeesStepCalls, _PrefetchingEvaluationSteps, _PredictionLoop
 ):
     step_name = "predict_step"
+
+    def _drain_dataloader(self, dataloader_idx: int) -> None:
+        """The drain calls at the end of a dataloader's batches (C17 for prediction), before the loop moves on."""
+        calls = self._data_fetcher.calls
+        with calls.drain_calls():
+            drain_call = functools.partial(
+                prediction_drain_call, self, dataloader_idx, self._run_drain_call, lambda: calls.call.batch_indices
+            )
+            drain(self.trainer, drain_call, self.step_name)
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)

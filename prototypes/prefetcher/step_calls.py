@@ -4,7 +4,9 @@ vote and the batches taken between calls. No loop and no thread in here."""
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +14,30 @@ import pytorch_lightning as pl
 
 from prototypes.common import StepCall, StepCalls, every_rank_has_a_batch
 from prototypes.prefetcher.producer import Produced
+
+
+class BatchesAhead:
+    """The batches a step's look-ahead (``StepIterator.has_batches``) took from the producer beyond the head, in order,
+    each with its producer slot freed at once (``release``) so a look-ahead past the prefetch depth does not wait for
+    itself; and the loaders' state after their end, when the producer found it with batches still ahead."""
+
+    def __init__(self, produce: Callable[[], Produced | None], release: Callable[[], None]) -> None:
+        self._produce, self._release = produce, release
+        self.queue: deque[Produced] = deque()
+        self.end_states: list[dict] | None = None  # recorded once the batches ahead are handed out
+
+    def take(self) -> Produced | None:
+        """The first batch ahead, else the producer's next (None at the end)."""
+        return self.queue.popleft() if self.queue else self._produce()
+
+    def fill(self, count: int) -> None:
+        """Take from the producer until ``count`` batches are ahead or it ends."""
+        while len(self.queue) < count:
+            produced = self._produce()
+            if produced is None:
+                return
+            self._release()
+            self.queue.append(produced)
 
 
 class EpochStepCalls(StepCalls):
@@ -27,9 +53,12 @@ class EpochStepCalls(StepCalls):
     def __init__(
         self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
+        release_ahead: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(hook_name)
-        self.trainer, self.take = trainer, take
+        self.trainer = trainer
+        self.ahead = BatchesAhead(take, release_ahead)  # ``take`` draws from it first
+        self.take = self.ahead.take
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
@@ -40,8 +69,19 @@ class EpochStepCalls(StepCalls):
         self.taken_between_calls: list[tuple[Any, int]] = []
         self.consumed_loader_states = consumed_loader_states
 
+    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
+        """How many of the next ``wanted`` batches exist in ``dataloader_idx`` (under ``lock``): the step's look-ahead
+        (``StepIterator.has_batches``); what it takes stays queued in order (``ahead``)."""
+        head = self.peek()
+        if head is None:
+            return 0
+        if not self.exhausted:
+            self.ahead.fill(wanted - 1)
+        queued = [head, *self.ahead.queue][:wanted]
+        return sum(1 for _ in itertools.takewhile(lambda p: p.dataloader_idx == dataloader_idx, queued))
+
     def peek(self) -> Produced | None:
-        if self.head is None and not self.exhausted:
+        if self.head is None and (self.ahead.queue or not self.exhausted):
             self.head = self.take()
         return self.head
 
@@ -64,6 +104,7 @@ class EpochStepCalls(StepCalls):
                 return head
             # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
             self.head, self.exhausted, self.ranks_vote = None, True, False
+            self.ahead.queue.clear()
             return None
 
     def vote_due(self) -> bool:
@@ -80,12 +121,15 @@ class EpochStepCalls(StepCalls):
         """The next batch of ``dataloader_idx``, handed to the step (under ``lock``): recorded in the running call, or
         between calls toward the next one; its loader state becomes the one a checkpoint records."""
         head = self.head
-        if head is None and not self.exhausted:  # Why not `peek()`: a call fewer on every batch
+        ahead = self.ahead
+        if head is None and (ahead.queue or not self.exhausted):  # Why not `peek()`: a call fewer on every batch
             head = self.head = self.take()
         if head is None or head.dataloader_idx != dataloader_idx:
             raise StopIteration
         self.head = None
         self.consumed_loader_states = head.loader_states
+        if ahead.end_states is not None and not ahead.queue:  # the last batch looked ahead at
+            self.consumed_loader_states, ahead.end_states = ahead.end_states, None
         call = self.call
         if call.open:
             call.batches.append(head.batch)
@@ -98,7 +142,9 @@ class EpochStepCalls(StepCalls):
         """The producer found the end: nothing unconsumed is left, so a resumed run starts from the loaders' state
         after their end (None: a limit cut them short, the last handed-out batch's state stands)."""
         self.exhausted = True
-        if loader_states is not None:
+        if loader_states is not None and (self.ahead.queue or self.head is not None):
+            self.ahead.end_states = loader_states
+        elif loader_states is not None:
             self.consumed_loader_states = loader_states
 
     def start_call(self, drain: bool = False) -> StepCall:
@@ -114,3 +160,4 @@ class EpochStepCalls(StepCalls):
     def end(self) -> None:
         """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
         self.call.open, self.taken_between_calls, self.head = False, [], None
+        self.ahead.queue.clear()

@@ -164,10 +164,13 @@ class NeMoStyleModule(pl.LightningModule):
     validation run, the ids of each micro-batch validated and its loss.
     """
 
-    def __init__(self, micro_batches: int) -> None:
+    def __init__(self, micro_batches: int, zero_grad_first: bool = True, look_ahead: bool = False) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.micro_batches = micro_batches
+        self.zero_grad_first = zero_grad_first  # NeMo's order; False: step, then zero_grad (the gradients of a call
+        # cut short stay on the parameters unless the loop discards them)
+        self.look_ahead = look_ahead  # the last call takes only the micro-batches left (`dataloader_iter.has_batches`)
         self.model = megatron_mlp()
         self.initial = parameters_of(self.model)
         self.trained: list[list[tuple[int, ...]]] = []
@@ -182,11 +185,19 @@ class NeMoStyleModule(pl.LightningModule):
         self.trained.append([])
 
     def training_step(self, dataloader_iter):
+        micro_batches = self.micro_batches
+        if self.look_ahead:
+            micro_batches = max((k for k in range(1, micro_batches + 1) if dataloader_iter.has_batches(k)), default=0)
+            if not micro_batches:
+                return None  # a drain call: nothing held, nothing to do
         optimizer = self.optimizers()
-        optimizer.zero_grad()
-        reduced = run_schedule(self.model, (batch for batch, _, _ in dataloader_iter), self.micro_batches,
+        if self.zero_grad_first:
+            optimizer.zero_grad()
+        reduced = run_schedule(self.model, (batch for batch, _, _ in dataloader_iter), micro_batches,
                                forward_only=False, pulled=self.trained[-1])
         optimizer.step()
+        if not self.zero_grad_first:
+            optimizer.zero_grad()
         return mean_loss(reduced)
 
     def on_train_epoch_end(self) -> None:
@@ -216,25 +227,35 @@ class PlainLoopRun:
 
 
 def plain_loop(micro_batches: int, initial: dict[str, torch.Tensor], loader: DataLoader,
-               val_loader: DataLoader) -> PlainLoopRun:
+               val_loader: DataLoader | None, train_partial: bool = False) -> PlainLoopRun:
     """The same schedule driven by a plain loop, as Megatron's own training loop drives it: per epoch, one schedule
     call and one optimizer step per global batch until the data runs out (StopIteration from ``next()`` inside the
-    schedule), then a validation run over ``val_loader`` the same way with ``forward_only=True``."""
+    schedule: that call's gradients are zeroed by the next call's ``zero_grad``, never stepped), then a validation run
+    over ``val_loader`` (if any) the same way with ``forward_only=True``. ``train_partial``: the epoch's last global
+    batch is whatever micro-batches are left, stepped like the others."""
     model = megatron_mlp(initial)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     run = PlainLoopRun()
     for _ in range(EPOCHS):
         run.trained.append([])
         run.steps.append(0)
-        batches = iter(loader)
+        epoch = list(loader)
+        batches = iter(epoch)
+        left = len(epoch)
         while True:
             optimizer.zero_grad()
+            taken = min(micro_batches, left) if train_partial else micro_batches
             try:
-                run_schedule(model, batches, micro_batches, forward_only=False, pulled=run.trained[-1])
+                run_schedule(model, batches, taken, forward_only=False, pulled=run.trained[-1])
             except StopIteration:
                 break
+            left -= taken
             optimizer.step()
             run.steps[-1] += 1
+            if not left:
+                break
+        if val_loader is None:
+            continue
         run.validated.append([])
         run.validation_losses.append([])
         val_batches = iter(val_loader)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from prototypes.batches_per_call import CutShortCallWarning
 from tests.conformance.harness import (
     KINDS,
     IterStepModule,
@@ -70,3 +71,12 @@ def test_stop_iteration_in_step_takes_no_optimizer_step(design, kind):
     expected = reference_weights(module, groups, complete=[True, True, False])
     for name, value in module.layer.state_dict().items():
         torch.testing.assert_close(value, expected[name])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_call_cut_short_is_reported_once_per_fit(design, kind):
+    # two epochs of 7 batches, 3 per call: each epoch's third call is cut short after 1 batch; one warning per fit
+    with pytest.warns(CutShortCallWarning) as warned:
+        _cut_short_run(design, kind, max_epochs=2)
+    reported = [str(w.message) for w in warned if issubclass(w.category, CutShortCallWarning)]
+    assert len(reported) == 1 and "after 1 of its batches" in reported[0], reported

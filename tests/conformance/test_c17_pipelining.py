@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger
 
 from tests.conformance.harness import (
     LOADER_CASES,
+    LR,
     IterStepModule,
     RegularStepModule,
     ids,
@@ -115,6 +116,28 @@ def test_drain_that_never_ends_is_an_error_naming_the_fix(design):
     assert "StopIteration" in message and "dataloader_iter" in message, message
 
 
+class TrainsWithItsOwnOptimizer(AsyncHandleModule):
+    """The async-handle step under manual optimisation, training with an optimizer it made itself (not one
+    ``configure_optimizers`` returned) and returning None: its drain call trains the held batch, yet looks idle."""
+
+    def __init__(self) -> None:
+        super().__init__(automatic=False)
+        self.own_optimizer = torch.optim.SGD(self.layer.parameters(), lr=LR)
+
+    def train_one(self, batch):
+        self.trained[-1].append(ids(batch))
+        self.own_optimizer.zero_grad()
+        self.manual_backward(self.loss_of([batch]))
+        self.own_optimizer.step()
+
+
+def test_drain_call_that_trains_unseen_is_reported(design):
+    with pytest.warns(UserWarning, match="changed the module's weights") as warned:
+        make_trainer(design, max_epochs=1).fit(TrainsWithItsOwnOptimizer(), make_loader("sized", n_items=N_ITEMS))
+    reported = [str(w.message) for w in warned if "changed the module's weights" in str(w.message)]
+    assert len(reported) == 1 and "configure_optimizers" in reported[0], f"one warning naming the fix: {reported}"
+
+
 class BarCounts(TQDMProgressBar):
     """Lightning's progress bar, noting its count after each batch-end hook and at each epoch end."""
 
@@ -184,16 +207,16 @@ def test_drain_calls_log_and_count_as_the_regular_flavour(
     )
 
 
-class PipeliningValidation(IterStepModule):
-    """A ``validation_step`` that holds one batch across calls: each call pulls the next batch and evaluates the one
-    pulled before, returning an output; with nothing held at a dataloader's end, its ``next()`` ends the draining."""
+class HoldsOneBatch(IterStepModule):
+    """An evaluation step that holds one batch across calls: each call pulls the next batch and works on the one
+    pulled before (``swap``); with nothing held at a dataloader's end, its ``next()`` ends the draining."""
 
     def __init__(self) -> None:
         super().__init__((1,))
-        self.validated: list[tuple[tuple[int, ...], int]] = []  # (ids, dataloader_idx) in the order evaluated
         self.held: tuple | None = None
 
-    def validation_step(self, dataloader_iter):
+    def swap(self, dataloader_iter) -> tuple:
+        """The batch pulled before, and its dataloader's index; the one pulled now is held."""
         if self.held is None:
             self.held = next(dataloader_iter)
         try:
@@ -202,6 +225,18 @@ class PipeliningValidation(IterStepModule):
             following = None
         batch, _, dataloader_idx = self.held
         self.held = following
+        return batch, dataloader_idx
+
+
+class PipeliningValidation(HoldsOneBatch):
+    """Evaluates the batch it held, returning an output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated: list[tuple[tuple[int, ...], int]] = []  # (ids, dataloader_idx) in the order evaluated
+
+    def validation_step(self, dataloader_iter):
+        batch, dataloader_idx = self.swap(dataloader_iter)
         self.validated.append((ids(batch), dataloader_idx))
         return torch.zeros(())
 
@@ -217,3 +252,42 @@ def test_pipelining_validation_step_evaluates_every_batch_of_each_dataloader(des
         f"(ids, dataloader_idx) evaluated {module.validated}; expected every batch of each dataloader once, in order:"
         f" {expected} (the batch a step holds at a dataloader's end is evaluated in a drain call)"
     )
+
+
+class PipeliningPrediction(HoldsOneBatch):
+    """Returns the prediction of the batch it held: its ids and dataloader."""
+
+    def predict_step(self, dataloader_iter):
+        batch, dataloader_idx = self.swap(dataloader_iter)
+        return ids(batch), dataloader_idx
+
+
+class KeptWrites(BasePredictionWriter):
+    """Keeps the predictions a writer is given, per ``write_on_batch_end`` and at ``write_on_epoch_end``. Its
+    ``setup`` skips Lightning's guard against the flavour (C18)."""
+
+    def __init__(self) -> None:
+        super().__init__("batch_and_epoch")
+        self.batch_writes: list = []
+        self.epoch_writes: list = []
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        pass
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batch_writes.append(prediction)
+
+    def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+        self.epoch_writes = predictions
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+def test_pipelining_predict_step_returns_every_batchs_prediction_in_order(design, kind):
+    # two dataloaders: the batch held at the end of each is predicted in a drain call, before the next dataloader
+    loaders = [make_loader(kind, n_items=8), make_loader(kind, n_items=6)]
+    writer = KeptWrites()
+    results = make_trainer(design, callbacks=[writer]).predict(PipeliningPrediction(), loaders)
+    expected = [[(batch, idx) for batch in loader_sequence(loader)] for idx, loader in enumerate(loaders)]
+    assert results == expected, f"trainer.predict returned {results}; expected every batch's prediction in order"
+    assert writer.batch_writes == [p for per_loader in expected for p in per_loader], "the writer's batch writes"
+    assert writer.epoch_writes == expected, "the writer's epoch write"

@@ -22,10 +22,12 @@ from pytorch_lightning.loggers.logger import Logger
 from pytorch_lightning.profilers import AdvancedProfiler, SimpleProfiler
 from pytorch_lightning.tuner import Tuner
 
+from prototypes.batches_per_call import estimated_optimizer_steps
 from tests.conformance.harness import (
     BATCH_SIZE,
     CountingSGD,
     IterStepModule,
+    RecordingModule,
     RegularStepModule,
     ids,
     make_loader,
@@ -185,6 +187,38 @@ def test_estimated_stepping_batches_divided_by_batches_per_step_ends_the_schedul
     assert trainer.estimated_stepping_batches == regular.estimated_stepping_batches == 16
     schedule = trainer.lr_scheduler_configs[0].scheduler
     assert module.optimizer_steps_taken() == trainer.global_step == schedule.total_steps == 8
+    assert schedule.last_epoch == schedule.total_steps, "the schedule ends with the last optimizer step"
+
+
+class TrainsItsLastCall(RecordingModule):
+    """Takes ``per_call`` batches per call, and in the epoch's last call those left (``has_batches``), so every
+    batch is trained; a OneCycleLR over the run, sized by ``estimated_optimizer_steps``."""
+
+    def __init__(self, per_call: int) -> None:
+        super().__init__()
+        self.per_call = per_call
+
+    def training_step(self, dataloader_iter):
+        taking = max((k for k in range(1, self.per_call + 1) if dataloader_iter.has_batches(k)), default=0)
+        batches = [self.receive(next(dataloader_iter)[0]) for _ in range(taking)]
+        return self.finish_step(batches) if batches else None  # None: a drain call, nothing held
+
+    def configure_optimizers(self):
+        optimizer = CountingSGD(self.parameters(), lr=0.1)
+        total = estimated_optimizer_steps(self.trainer, self.per_call)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch(design):
+    # 10 batches, 3 per call, the last call trains the one left: 4 steps per epoch, 12 over 3 epochs, where
+    # estimated_stepping_batches // 3 gives 10 and OneCycleLR would raise at the 12th step
+    module = TrainsItsLastCall(3)
+    trainer = make_trainer(design, max_epochs=3)
+    trainer.fit(module, make_loader(n_items=20))
+    schedule = trainer.lr_scheduler_configs[0].scheduler
+    assert trainer.estimated_stepping_batches // 3 == 10
+    assert module.optimizer_steps_taken() == trainer.global_step == schedule.total_steps == 12
     assert schedule.last_epoch == schedule.total_steps, "the schedule ends with the last optimizer step"
 
 

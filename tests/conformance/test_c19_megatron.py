@@ -12,11 +12,14 @@ of the same schedule driven by a plain loop over the same batches. The epochs ar
 
 from __future__ import annotations
 
+import math
+import warnings
 from itertools import pairwise
 
 import pytest
 import torch
 
+from prototypes.batches_per_call import CutShortCallWarning
 from tests.conformance.harness import QUIET, loader_sequence, make_loader, make_trainer
 from tests.conformance.megatron_client import (
     EPOCHS,
@@ -90,3 +93,59 @@ def test_megatron_schedule_trains_every_micro_batch_once_per_epoch(design, plain
         torch.testing.assert_close(value.detach(), reference.weights[name], msg=lambda m, name=name: (
             f"{name} differs from the same schedule driven by a plain loop:\n{m}"
         ))
+
+
+CUT_ITEMS = 26  # 13 batches: with 2 or 3 micro-batches per call the epoch's last call cannot have all of them
+CUT_MICRO_BATCHES = [pytest.param(k, id=f"k{k}") for k in (2, 3)]
+
+
+def fit_13_batches(design, module, kind):
+    trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS, "limit_val_batches": 0})
+    trainer.fit(module, make_loader(kind, CUT_ITEMS))
+    return trainer
+
+
+def assert_weights_equal(module, reference) -> None:
+    for name, value in module.model.named_parameters():
+        torch.testing.assert_close(value.detach(), reference.weights[name], msg=lambda m, name=name: (
+            f"{name} differs from the same schedule driven by a plain loop:\n{m}"
+        ))
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("micro_batches", CUT_MICRO_BATCHES)
+def test_megatron_call_cut_short_is_counted_discarded_and_reported(design, micro_batches, kind):
+    """The epoch's last call runs its micro-batches forward and backward, then the schedule's next pull ends the
+    data: they are counted, not stepped, their gradients reach no later step (the step zeroes only after stepping,
+    so only the loop can discard them), and the user is told once per fit."""
+    module = NeMoStyleModule(micro_batches, zero_grad_first=False)
+    with pytest.warns(CutShortCallWarning) as warned:
+        trainer = fit_13_batches(design, module, kind)
+    sequence = loader_sequence(make_loader(kind, CUT_ITEMS))
+    left = len(sequence) % micro_batches
+    reported = [str(w.message) for w in warned if issubclass(w.category, CutShortCallWarning)]
+    assert len(reported) == 1 and f"after {left} of its batches" in reported[0], reported
+    assert module.trained == [sequence] * EPOCHS, "the schedule pulls every micro-batch, the last call's too"
+    assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == EPOCHS * len(sequence), (
+        "the batches of a call cut short are counted"
+    )
+    assert trainer.global_step == EPOCHS * (len(sequence) // micro_batches), "a call cut short steps no optimizer"
+    reference = plain_loop(micro_batches, module.initial, make_loader(kind, CUT_ITEMS), None)
+    assert_weights_equal(module, reference)
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("micro_batches", CUT_MICRO_BATCHES)
+def test_megatron_step_that_looks_ahead_trains_the_last_call_whole(design, micro_batches, kind):
+    """With ``dataloader_iter.has_batches(k)`` the step sizes the epoch's last call to the micro-batches left: no
+    call is cut short, every micro-batch is stepped, nothing is reported."""
+    module = NeMoStyleModule(micro_batches, look_ahead=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = fit_13_batches(design, module, kind)
+    assert not [w for w in caught if issubclass(w.category, CutShortCallWarning)], "no call was cut short"
+    sequence = loader_sequence(make_loader(kind, CUT_ITEMS))
+    assert module.trained == [sequence] * EPOCHS
+    assert trainer.global_step == EPOCHS * math.ceil(len(sequence) / micro_batches)
+    reference = plain_loop(micro_batches, module.initial, make_loader(kind, CUT_ITEMS), None, train_partial=True)
+    assert_weights_equal(module, reference)

@@ -118,6 +118,28 @@ def test_train_pipeline_trains_every_batch_once_per_epoch(design, plain_loop_run
         ))
 
 
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("pipeline", list(PIPELINES))
+def test_train_pipeline_with_the_raw_optimizer_trains_every_batch_once(design, plain_loop_runs, pipeline, kind):
+    """TorchRec's own example style: the pipeline gets the raw optimizer and the step returns None. The drain calls
+    that train a held batch step that optimizer, which is work (C17) though Lightning's counts never see it."""
+    module = TorchRecModule(pipeline, raw_optimizer=True)
+    trainer = make_trainer(design, **{**QUIET, "max_epochs": EPOCHS, "limit_val_batches": 0})
+    trainer.fit(module, make_loader(kind, num_workers=0))
+    sequence = loader_ids(make_loader(kind, 0))
+    reference_trained, reference_weights, _ = plain_loop_runs(pipeline, kind, 0, module.initial)
+    assert module.trained == reference_trained == [sequence] * EPOCHS, (
+        f"sample ids trained per epoch {module.trained}; the plain loop over the same batches trains {sequence}"
+        " every epoch"
+    )
+    assert trainer.global_step == 0, (
+        f"global_step {trainer.global_step}: it counts the steps taken through Lightning's optimizer wrapper, and the"
+        " pipeline steps the raw optimizer"
+    )
+    for name, value in module.model.named_parameters():
+        torch.testing.assert_close(value.detach(), reference_weights[name])
+
+
 @pytest.mark.parametrize("kind,workers", LOADERS)
 def test_eval_pipeline_evaluates_every_batch_once_per_validation_run(design, plain_loop_runs, record_property, kind,
                                                                      workers):

@@ -231,10 +231,14 @@ class TorchRecModule(pl.LightningModule):
     ``EvalPipelineSparseDist``, ``reset()`` at each validation dataloader's start. Nothing else: the pipeline runs
     forward, backward and the optimizer step itself, or, after a staged pipeline, the step does, as TorchRec's
     example loop does, returning None once it is empty.
+
+    ``raw_optimizer``: TorchRec's own example style instead: the pipeline (and, after a staged pipeline, the step) gets
+    the raw optimizer, ``self.optimizers(use_pl_optimizer=False)``, and the step returns None.
     """
 
-    def __init__(self, pipeline: str, eval_pipeline: bool = False) -> None:
+    def __init__(self, pipeline: str, eval_pipeline: bool = False, raw_optimizer: bool = False) -> None:
         super().__init__()
+        self.raw_optimizer = raw_optimizer
         self.automatic_optimization = False  # the pipeline (or the step, after a staged pipeline) steps it
         self.model: DistributedModelParallel | None = None
         self.initial: dict[str, torch.Tensor] = {}
@@ -255,8 +259,11 @@ class TorchRecModule(pl.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.model.parameters(), lr=LR)
 
+    def optimizer(self) -> Any:
+        return self.optimizers(use_pl_optimizer=not self.raw_optimizer)
+
     def on_train_start(self) -> None:
-        self.pipeline = self.make_pipeline(self.model, self.optimizers(), self.device)
+        self.pipeline = self.make_pipeline(self.model, self.optimizer(), self.device)
         if self.evaluates_with_pipeline:
             self.eval_pipeline = EvalPipelineSparseDist(self.model, self.optimizers(), self.device)
 
@@ -272,13 +279,13 @@ class TorchRecModule(pl.LightningModule):
             batch = self.pipeline.progress(batches)
             if batch is None:  # the staged pipeline is empty
                 return None
-            optimizer = self.optimizers()
+            optimizer = self.optimizer()
             optimizer.zero_grad()
             loss, output = self.model(batch)
             self.manual_backward(loss)
             optimizer.step()
         self.trained[-1].append(trained_ids(output))
-        return output[0]
+        return None if self.raw_optimizer else output[0]
 
     def on_validation_epoch_start(self) -> None:
         # TorchRec's own way to use the model outside its train pipeline: a sparse-dist pipeline has rewritten the

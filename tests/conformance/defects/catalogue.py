@@ -6,7 +6,7 @@ from pytorch_lightning.loops.fit_loop import _FitLoop
 from pytorch_lightning.utilities.data import extract_batch_size
 
 import prototypes.common as common
-from prototypes import lightning_changes
+from prototypes import batches_per_call, lightning_changes
 from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
@@ -24,7 +24,10 @@ from tests.conformance.defects.replacements import (
     _calls_the_start_hook_per_batch,
     _complete_one_batch_per_call,
     _counts_only_a_calls_first_batch,
+    _counts_only_wrapper_steps,
     _counts_the_batch_held_back_on_minus_one,
+    _discards_silently,
+    _divides_the_runs_batches,
     _drain_call_as_any_call,
     _drain_call_logging_every_call,
     _drain_calls_forgetting_the_last_call,
@@ -46,6 +49,7 @@ from tests.conformance.defects.replacements import (
     _transfer_without_after_hook,
     _transfer_without_precision,
     _validates_on_multiples_only,
+    _warns_but_keeps_the_gradients,
     _writer_indices_of_the_last_batch,
 )
 
@@ -74,6 +78,7 @@ C16 = "test_c16_distributed.py::"
 C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
 C19 = "test_c19_real_pipelines.py::"
+C19_MEGATRON = "test_c19_megatron.py::"
 SIZED = "sized and not unsized"
 # the prefetcher ships without a thread; a defect in its thread's lifetime is applied with one running all the time
 WITH_THREAD = {"depth": 2}
@@ -143,6 +148,10 @@ CATALOGUE: tuple[Defect, ...] = (
            (_EpochLoop, "_run_step"),
            _after(_forget_a_cut_short_calls_batches),
            (C05 + "test_stop_iteration_in_step_counts_its_consumed_batches",), SIZED),
+    Defect("cut_short_call_unreported", "C5", "batch_processor",
+           "discards a call cut short's gradients without telling the user",
+           (bp_training, "discard_cut_short_call"), _instead(_discards_silently),
+           (C05 + "test_call_cut_short_is_reported_once_per_fit",), SIZED),
     Defect("optimizer_step_on_cut_short_call", "C5", "batch_processor",
            "takes an optimizer step for a step call cut short by StopIteration",
            (_EpochLoop, "_run_step"),
@@ -280,6 +289,14 @@ CATALOGUE: tuple[Defect, ...] = (
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_held_batches"), _instead(lambda self: None),
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
+    Defect("prediction_never_drains", "C17", "batch_processor",
+           "ends a prediction dataloader without drain calls, while the predict step still holds a batch",
+           (bp_evaluation.IteratorPredictionLoop, "_drain_dataloader"), _instead(lambda self, step, batches, idx: None),
+           (C17 + "test_pipelining_predict_step_returns_every_batchs_prediction_in_order",), "sized"),
+    Defect("weight_change_unnoticed", "C17", "prefetcher",
+           "ends the draining at a call that looks idle without noticing that it changed the weights",
+           (lightning_changes.draining.WeightChanges, "changed"), _instead(lambda self: False),
+           (C17 + "test_drain_call_that_trains_unseen_is_reported",)),
     Defect("drain_call_logs_again", "C17", "batch_processor",
            "writes the epoch's last logger row again in a drain call that trains nothing, and a held batch's at the"
            " previous row's step", (_EpochLoop, "_drain_call"), _instead(_drain_call_logging_every_call),
@@ -306,6 +323,24 @@ CATALOGUE: tuple[Defect, ...] = (
            "ends the draining after one drain call, while a pipeline still holds a second batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_call"), _after(lambda self, ended: True),
            (C19 + "test_train_pipeline_trains_every_batch_once_per_epoch",), "TrainPipelineSparseDist and sized-w0"),
+    Defect("cut_short_gradients_kept", "C19", "prefetcher",
+           "reports a call cut short but leaves the gradients it produced for the next epoch's first step",
+           (prefetch_loops, "discard_cut_short_call"), _instead(_warns_but_keeps_the_gradients),
+           (C19_MEGATRON + "test_megatron_call_cut_short_is_counted_discarded_and_reported",), "k2 and sized"),
+    Defect("raw_optimizer_steps_unseen", "C19", "batch_processor",
+           "counts a drain call's optimizer steps from global_step, so a raw optimizer's steps look idle",
+           (lightning_changes.epoch_loop, "configured_optimizer_steps"), _instead(_counts_only_wrapper_steps),
+           (C19 + "test_train_pipeline_with_the_raw_optimizer_trains_every_batch_once",),
+           "TrainPipelineSparseDist and sized"),
+    Defect("schedule_sized_by_the_runs_batches", "C18", "prefetcher",
+           "sizes a step's schedule as estimated_stepping_batches // k, short of the epochs' partial calls",
+           (batches_per_call, "estimated_optimizer_steps"), _instead(_divides_the_runs_batches),
+           (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
+    Defect("look_ahead_of_one", "C18", "prefetcher",
+           "looks ahead one batch only, so has_batches(k) is False for every k above 1",
+           (prefetch_step_calls.EpochStepCalls, "count_ahead"),
+           _instead(lambda self, dataloader_idx, wanted: int(self.peek() is not None)),
+           (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
     Defect("evaluation_never_drains", "C19", "prefetcher",
            "ends an evaluation dataloader without drain calls, while the validation step still holds batches",
            (prefetch_loops._PrefetchingEvaluationLoop, "_drain_dataloader"), _instead(lambda self, idx: None),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,6 +11,7 @@ from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimizatio
 from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.trainer import call
 
+from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import prefetch_thread
 from prototypes.prefetcher import producer as prefetch_producer
@@ -244,3 +246,34 @@ def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[
         original(self, prediction, dataloader_idx, consumed[-1:], cut_short)
 
     return method
+
+
+def _warns_but_keeps_the_gradients(trainer: Any, consumed: int) -> None:
+    """Reports a call cut short but leaves the gradients it produced on the parameters."""
+    if consumed and not trainer.fit_loop.cut_short_call_reported:
+        trainer.fit_loop.cut_short_call_reported = True
+        warnings.warn(CALL_CUT_SHORT.format(consumed=consumed), CutShortCallWarning, stacklevel=2)
+
+
+@contextlib.contextmanager
+def _counts_only_wrapper_steps(trainer: Any) -> Iterator[list]:
+    """Counts a drain call's optimizer steps from ``global_step``: the raw optimizer's steps go unseen."""
+    stepped: list = []
+    before = trainer.global_step
+    try:
+        yield stepped
+    finally:
+        if trainer.global_step > before:
+            stepped.append(trainer.optimizers[0])
+
+
+def _discards_silently(trainer: Any, consumed: int) -> None:
+    """Discards a call cut short's gradients without telling the user."""
+    if consumed and not trainer.lightning_module.automatic_optimization:
+        for optimizer in trainer.optimizers:
+            optimizer.zero_grad()
+
+
+def _divides_the_runs_batches(trainer: Any, batches_per_call: int, last_call_trained: bool = True) -> float:
+    """The formula the RFC used to give: the run's batches divided by the batches per call."""
+    return trainer.estimated_stepping_batches // batches_per_call
