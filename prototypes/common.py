@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,11 +92,10 @@ class Design:
 def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     """Whether *every* rank can start another step call: the ranks' vote on the end of data.
 
-    Why: under DDP each step call ends in a gradient all-reduce. A rank whose shard ends early (an unevenly
-    sharded IterableDataset) and stops would leave its peers blocked in that collective until the process-group
-    timeout (the hang of HF Accelerate #2258). One all-reduce(MIN) of a one-element flag per step call makes all
-    ranks stop at the same step call. Without a process group it returns ``has_batch`` unchanged. A design may
-    skip the vote where ``end_of_data_vote_needed`` says the loaders end every rank together.
+    Why: under DDP each step call ends in a gradient all-reduce. A rank whose data ends early and stops would leave
+    its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258). One
+    all-reduce(MIN) of a one-element flag per step call makes all ranks stop at the same step call. Without a process
+    group it returns ``has_batch`` unchanged. ``end_of_data_vote_needed`` says where the ranks vote at all.
     """
     import torch
     import torch.distributed as dist
@@ -108,42 +107,21 @@ def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     return bool(flag.item())
 
 
-def ranks_end_together(dataloaders: Iterable[Any]) -> bool:
-    """Whether every rank is certain to get as many batches from ``dataloaders`` as every other rank, so the ranks
-    need not vote on the end of data: each is a DataLoader over a map-style dataset whose samples come from a
-    ``DistributedSampler`` (which pads or drops so every rank gets the same count; Lightning injects one into every
-    map-style training loader by default), batched by no batch sampler or by torch's own ``BatchSampler``.
-
-    Anything else (an ``IterableDataset`` sharded by rank, a custom batch sampler that may yield a different number
-    of batches per rank, a loader that is not a DataLoader) keeps the vote.
-    """
-    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
-
-    def equal_length(loader: Any) -> bool:
-        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-            return False
-        batches = loader.batch_sampler
-        if batches is None:
-            return isinstance(loader.sampler, DistributedSampler)
-        return type(batches) is BatchSampler and isinstance(batches.sampler, DistributedSampler)
-
-    loaders = list(dataloaders)
-    return bool(loaders) and all(equal_length(loader) for loader in loaders)
-
-
 # [RFC 8]
-def end_of_data_vote_needed(trainer: pl.Trainer, dataloaders: Iterable[Any]) -> bool:
-    """Whether the ranks must vote on the end of data (``every_rank_has_a_batch``) while iterating ``dataloaders``:
-    under DDP with more than one rank, unless the loaders give every rank the same number of batches.
+def end_of_data_vote_needed(trainer: pl.Trainer) -> bool:
+    """Whether the ranks of a ``*_step(self, dataloader_iter)`` must vote on the end of data
+    (``every_rank_has_a_batch``) after every step call: under DDP with more than one rank, always.
 
-    Why decide once per epoch: the vote is an all-reduce and a host sync (``.item()``) per step call; with
-    equal-length loaders every rank reaches the end at the same step call without it.
+    Why no skip for loaders that give every rank the same number of batches (a ``DistributedSampler``): equal
+    batches end every rank at the same step call only if every rank's calls take the same number of batches, and
+    that is the step's to decide, call by call (a data-dependent micro-batch count, as sequence packing gives). A
+    rank sees only its own calls, so no rank can prove it without the communication the vote is; one that skipped on
+    its own evidence while a peer voted would pair the vote with the peer's gradient all-reduce. The regular flavour
+    takes one batch per call by construction and keeps stock Lightning's loop, without a vote.
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-        return False
-    return not ranks_end_together(dataloaders)
+    return dist.is_available() and dist.is_initialized() and trainer.world_size > 1
 
 
 # [RFC 10]
@@ -265,6 +243,13 @@ STOP_ITERATION_WITH_BATCHES_LEFT = (
     "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
     " iterators inside {step}."
+)
+
+
+BATCHES_LEFT_WHEN_A_PEER_ENDED = (
+    "rank {rank} ends the epoch with batches left, not trained: another rank's data ran out first (its shard was"
+    " shorter, or its step calls took more batches each), and under DDP all ranks stop at the same step call. Give"
+    " every rank the same number of batches, and make every rank's step calls take the same number of them."
 )
 
 

@@ -23,6 +23,7 @@ from prototypes.batch_processor.lookahead import (
     fetch_within_limits,
 )
 from prototypes.common import (
+    BATCHES_LEFT_WHEN_A_PEER_ENDED,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
     StepCall,
@@ -178,17 +179,13 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         batch_output = self._run_step()
         calls.no_progress.step_returned(len(calls.call.batch_indices))  # Why not `consumed`: a call fewer per batch
 
-        # Why vote (one all-reduce per step call, where the loaders need it): a rank whose shard ran out must not stop
+        # Why vote (one all-reduce per step call, with more than one rank): a rank whose shard ran out must not stop
         # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers
         # drops its rest
         has_batch = not calls.batches.exhausted
         self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(has_batch)
         if has_batch and self.batch_progress.is_last_batch:
-            warnings.warn(
-                f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
-                " shards), and all ranks stop at the same step call. Give every rank the same number of batches.",
-                stacklevel=2,
-            )
+            warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=trainer.global_rank), stacklevel=2)
             # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
             calls.batches.drop_rest()
         self.batch_progress.increment_processed()  # up to the batches handed out (`ConsumedBatchProgress`)

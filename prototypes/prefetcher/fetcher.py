@@ -133,7 +133,7 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         self._transfer_path = None if ahead else transfer
         self.calls = EpochStepCalls(
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
-            ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
+            ranks_vote=end_of_data_vote_needed(trainer),
             consumed_loader_states=producer.loader_states(),
         )
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")

@@ -5,12 +5,13 @@ vote and the batches taken between calls. No loop and no thread in here."""
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import StepCall, StepCalls, every_rank_has_a_batch
+from prototypes.common import BATCHES_LEFT_WHEN_A_PEER_ENDED, StepCall, StepCalls, every_rank_has_a_batch
 from prototypes.prefetcher.producer import Produced
 
 
@@ -33,7 +34,7 @@ class EpochStepCalls(StepCalls):
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
-        # whether the ranks vote on the end of data: off for loaders that end evenly, and once they agreed it ended
+        # whether the ranks vote on the end of data: off for one rank, and once the ranks agreed it ended
         self.ranks_vote = ranks_vote
         self.voted_before_call: int | None = None  # the step call the ranks last agreed to start
         # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
@@ -52,8 +53,7 @@ class EpochStepCalls(StepCalls):
         #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
         end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
         not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
-        vote it does not join would block the ranks that pull. Loaders that give every rank the same number of
-        batches need no vote.
+        vote it does not join would block the ranks that pull.
         """
         with self.lock:
             head = self.peek()
@@ -62,6 +62,8 @@ class EpochStepCalls(StepCalls):
             self.voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
                 return head
+            if head is not None:
+                warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=2)
             # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
             self.head, self.exhausted, self.ranks_vote = None, True, False
             return None

@@ -41,6 +41,7 @@ from tests.conformance.defects.replacements import (
     _saves_step_calls_for_every_module,
     _shutdown_without_join,
     _skips_the_epochs_last_window,
+    _skips_the_vote_for_equal_shards,
     _step_after_a_cut_short_call,
     _stop_forgetting_the_thread,
     _transfer_without_after_hook,
@@ -271,6 +272,10 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("no_end_of_data_vote", "C16", "prefetcher", "ends an uneven shard's epoch without the ranks' vote",
            (prefetch_step_calls, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
            (C16 + "test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error",)),
+    Defect("vote_skipped_for_equal_shards", "C16", "prefetcher",
+           "skips the ranks' vote for equal DistributedSampler shards, whatever number of batches each call takes",
+           (prefetch_fetcher, "end_of_data_vote_needed"), _skips_the_vote_for_equal_shards,
+           (C16 + "test_equal_shards_with_unequal_calls_stop_every_rank_at_the_same_step",)),
     # C17 Steps with work in flight
     Defect("never_drains", "C17", "batch_processor",
            "ends the epoch without drain calls, while a pipelining step still holds a batch",

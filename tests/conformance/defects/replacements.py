@@ -244,3 +244,17 @@ def _writer_indices_of_the_last_batch(original: Callable[..., Any]) -> Callable[
         original(self, prediction, dataloader_idx, consumed[-1:], cut_short)
 
     return method
+
+
+def _skips_the_vote_for_equal_shards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The rule before it was made safe: no vote when every training loader is a map-style dataset behind a
+    DistributedSampler, as though equal shards ended every rank at the same step call whatever the calls take."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def needed(trainer: Any) -> bool:
+        loaders = trainer.fit_loop._combined_loader.flattened
+        equal = all(isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler)
+                    for loader in loaders)
+        return original(trainer) and not equal
+
+    return needed
