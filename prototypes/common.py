@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -194,10 +195,17 @@ class StepCall:
     batch_indices: list[int] = field(default_factory=list)
     cut_short: bool = False
     open: bool = False
+    fewer_left: int | None = None  # ``has_batches(k)`` answered False: only this many (< k) were left
 
     @property
     def consumed(self) -> int:
         return len(self.batch_indices)
+
+    @property
+    def declined(self) -> bool:
+        """The step saw that fewer batches were left than it needs (``has_batches``) and took none: it did not
+        start a call it could not finish. Its data ends here; the batches left are not trained (``warn_declined``)."""
+        return self.fewer_left is not None and not self.batch_indices and not self.drain
 
 
 class StepCalls:
@@ -239,6 +247,17 @@ ITERATOR_USED_AFTER_ITS_STEP = (
     " call next(dataloader_iter) only inside the step that received it (the loop counts, transfers and checkpoints"
     " batches per step call); to use a batch in a later step, keep the batch, not the iterator."
 )
+def warn_declined(hook_name: str, left: int) -> None:
+    """The loop ends the epoch's data at a declined call (``StepCall.declined``), saying what it leaves untrained."""
+    if left:
+        warnings.warn(
+            f"`{hook_name}(dataloader_iter)` found fewer batches left than it needs (`has_batches`) and took none, so"
+            f" the epoch ends here and its last {left} batch(es) are not trained. Make the epoch a multiple of the"
+            " batches each call takes (`drop_last`, or the loader's length) to train all of it.",
+            stacklevel=3,
+        )
+
+
 STOP_ITERATION_WITH_BATCHES_LEFT = (
     "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
@@ -336,6 +355,13 @@ class StepIterator(Iterator):
     def _has_next(self) -> bool:
         raise NotImplementedError
 
+    def _available(self, count: int) -> int:
+        """How many of the next ``count`` batches remain (a look-ahead of ``count``); a design records an answer
+        below ``count`` in the running call (``StepCall.fewer_left``)."""
+        raise NotImplementedError(
+            f"this loop's dataloader_iter has no look-ahead: {type(self).__name__}.has_batches is not supported"
+        )
+
     def __next__(self) -> StepItem:
         if self._closed:
             raise RuntimeError(self.closed_message.format(step=self._step))
@@ -347,6 +373,19 @@ class StepIterator(Iterator):
         if self._closed:
             raise RuntimeError(self.closed_message.format(step=self._step))
         return not self._has_next()
+
+    # [RFC 2] a look-ahead of k: a step need not start a call it cannot finish
+    def has_batches(self, count: int) -> bool:
+        """Whether at least ``count`` more batches remain for this iterator, without taking any.
+
+        Why: a step that needs ``count`` batches per call (a micro-batching schedule, a pipeline stage that receives
+        before it pulls) must not start a call the data would cut short: in a pipeline, the stage that runs out
+        stops while its peer waits for it. A step that gets False and takes no batch ends its data there; the loop
+        warns how many batches were left untrained and makes its drain calls (C17), where this is False as well.
+        """
+        if self._closed:
+            raise RuntimeError(self.closed_message.format(step=self._step))
+        return self._available(count) >= count
 
     def close(self) -> None:
         self._closed = True

@@ -29,6 +29,7 @@ from prototypes.common import (
     StepCall,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+    warn_declined,
 )
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
@@ -182,6 +183,8 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
         # Why vote (one all-reduce per step call, with more than one rank): a rank whose shard ran out must not stop
         # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers
         # drops its rest
+        if calls.call.declined:
+            warn_declined("training_step", calls.batches.drop_rest())
         has_batch = not calls.batches.exhausted
         self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(has_batch)
         if has_batch and self.batch_progress.is_last_batch:
@@ -208,22 +211,22 @@ class IteratorTrainingEpochLoop(BatchCountingEpochLoop):
     def _run_drain_call(self) -> tuple[bool, Any]:
         self._calls.upcoming_batch = None
         drain_call = self._calls.start_call(drain=True)
-        outputs = self._run_step(drain=True)
+        outputs = self._run_step()
         return drain_call.cut_short, outputs
 
-    def _run_step(self, drain: bool = False) -> Any:
-        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short.
-        ``drain``: a drain call, an accumulation window of its own."""
+    def _run_step(self) -> Any:
+        """The running step call (a drain call is an accumulation window of its own); returns its output, or None
+        when a StopIteration from ``dataloader_iter`` cut it short."""
         trainer, calls = self.trainer, self._calls
         batches, step_call = calls.batches, calls.call
         assert batches is not None
-        dataloader_iter = LookAheadStepIterator(batches, self._hand_out)
+        dataloader_iter = LookAheadStepIterator(batches, self._hand_out, call=step_call)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
         try:
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
                     return self.automatic_optimization.run_step_call(
-                        kwargs, trainer.optimizers[0], step_call.index - 1, drain, lambda: batches.exhausted
+                        kwargs, trainer.optimizers[0], step_call, lambda: batches.exhausted
                     )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:

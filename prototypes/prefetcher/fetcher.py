@@ -29,7 +29,13 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 
-from prototypes.common import STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepIterator, end_of_data_vote_needed
+from prototypes.common import (
+    STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchTransfer,
+    StepIterator,
+    end_of_data_vote_needed,
+    warn_declined,
+)
 from prototypes.lightning_changes import CountsConsumed
 from prototypes.prefetcher.options import RunResources
 from prototypes.prefetcher.prefetch_thread import PrefetchThread
@@ -50,6 +56,15 @@ class FetcherStepIterator(StepIterator):
 
     def _has_next(self) -> bool:
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)
+
+    def _available(self, count: int) -> int:
+        fetcher = self._fetcher
+        calls = fetcher.calls
+        with calls.lock:
+            available = calls.available(count, self.dataloader_idx, fetcher.take_ahead)
+            if available < count and calls.call.open:
+                calls.call.fewer_left = available
+        return available
 
 
 class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
@@ -180,13 +195,17 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         return iterator
 
     def end_step_call(self) -> None:
-        """The step call returned; its iterator stays valid until the loop over its dataloader ends."""
-        self.calls.call.open = False
+        """The step call returned; its iterator stays valid until the loop over its dataloader ends. A call that
+        declined the batches left (``StepCall.declined``) ends the data."""
+        call = self.calls.call
+        if call.open and call.declined:
+            warn_declined(self.hook_name, self.calls.drop_rest())
+        call.open = False
 
     def data_ended_after_call(self) -> bool:
         """The step call returned (a ``next()`` until the next call counts toward that one): whether the data ended.
         Why after closing the call: between two calls ``done`` is the ranks' vote (C16)."""
-        self.calls.call.open = False
+        self.end_step_call()
         return self.done
 
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
@@ -201,7 +220,10 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         calls = self.calls
         with calls.lock:
             head = calls.hand_out(dataloader_idx)
-            self.prefetch_thread.release()
+            if calls.released_ahead:  # a look-ahead of k gave this batch's slot back already
+                calls.released_ahead -= 1
+            else:
+                self.prefetch_thread.release()
             self.fetched += 1
             if calls.call.open:
                 self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
@@ -226,6 +248,13 @@ class _PrefetchingIterFetcher(_DataLoaderIterDataFetcher):
         if call.batches or call.drain or self._batch is None:
             return call.batches
         return [self._batch]
+
+    def take_ahead(self) -> Produced | None:
+        """The next batch for a look-ahead of k (``EpochStepCalls.available``), its producer slot given back."""
+        produced = self._take()
+        if produced is not None:
+            self.prefetch_thread.release()
+        return produced
 
     def _take(self) -> Produced | None:
         """The next batch from the producer, ready for the step on this thread; None at the end of the data."""

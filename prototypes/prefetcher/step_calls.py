@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,43 @@ from prototypes.common import BATCHES_LEFT_WHEN_A_PEER_ENDED, StepCall, StepCall
 from prototypes.prefetcher.producer import Produced
 
 
-class EpochStepCalls(StepCalls):
+class HeldBatches:
+    """What the record holds beyond the head for a step's look-ahead of k (``available``), and how it lets go of
+    everything it holds (``drop_rest``). On the loop's thread, or under the record's ``lock``."""
+
+    head: Produced | None
+    ahead: deque[Produced]  # the batches after the head, taken from the producer; non-empty only with a head
+    released_ahead: int  # of them, how many already gave their producer slot back (``available``'s ``take_ahead``)
+    exhausted: bool
+    peek: Callable[[], Produced | None]  # the head, taken from the producer if need be
+
+    @staticmethod
+    def head_of(dataloader_idx: int, head: Produced | None) -> Produced | None:
+        """``head`` if it is a batch of ``dataloader_idx``: an iterator never spans two dataloaders (C15)."""
+        return head if head is not None and head.dataloader_idx == dataloader_idx else None
+
+    def drop_rest(self) -> int:
+        """End here, with batches left (the ranks' vote, or a step that declined them, ended the epoch); returns how
+        many of them were taken from the producer already."""
+        held = (self.head is not None) + len(self.ahead)
+        self.head, self.exhausted, self.released_ahead = None, True, 0
+        self.ahead.clear()
+        return held
+
+    def available(self, count: int, dataloader_idx: int, take_ahead: Callable[[], Produced | None]) -> int:
+        """How many of the next ``count`` batches are of ``dataloader_idx``: a look-ahead of ``count`` (under
+        ``lock``); ``take_ahead`` takes from the producer what the head does not cover and gives its slot back
+        (Why: a prefetch thread of depth below ``count`` would otherwise wait for a slot while this waits for it)."""
+        if self.head_of(dataloader_idx, self.peek()) is None:
+            return 0
+        while len(self.ahead) + 1 < count and (produced := take_ahead()) is not None:
+            self.ahead.append(produced)
+            self.released_ahead += 1
+        following = [p.dataloader_idx == dataloader_idx for p in list(self.ahead)[: count - 1]]
+        return 1 + (following.index(False) if False in following else len(following))
+
+
+class EpochStepCalls(HeldBatches, StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
 
     ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
@@ -33,6 +70,8 @@ class EpochStepCalls(StepCalls):
         self.trainer, self.take = trainer, take
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
+        self.ahead: deque[Produced] = deque()
+        self.released_ahead = 0
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
         # whether the ranks vote on the end of data: off for one rank, and once the ranks agreed it ended
         self.ranks_vote = ranks_vote
@@ -62,21 +101,15 @@ class EpochStepCalls(StepCalls):
             self.voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
                 return head
-            if head is not None:
+            if self.drop_rest():
                 warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=2)
-            # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
-            self.head, self.exhausted, self.ranks_vote = None, True, False
+            self.ranks_vote = False  # every rank ended at this call; a rank asking again must not wait for a vote
             return None
 
     def vote_due(self) -> bool:
         """Where the ranks vote at all (``ranks_vote``), whether they vote now: between two calls, once per call. Why
         the callers check ``ranks_vote`` first: it is off for most runs, and they ask on every batch."""
         return not self.call.open and self.voted_before_call != self.call.index
-
-    @staticmethod
-    def head_of(dataloader_idx: int, head: Produced | None) -> Produced | None:
-        """``head`` if it is a batch of ``dataloader_idx``: an iterator never spans two dataloaders (C15)."""
-        return head if head is not None and head.dataloader_idx == dataloader_idx else None
 
     def hand_out(self, dataloader_idx: int) -> Produced:
         """The next batch of ``dataloader_idx``, handed to the step (under ``lock``): recorded in the running call, or
@@ -86,7 +119,7 @@ class EpochStepCalls(StepCalls):
             head = self.head = self.take()
         if head is None or head.dataloader_idx != dataloader_idx:
             raise StopIteration
-        self.head = None
+        self.head = self.ahead.popleft() if self.ahead else None
         self.consumed_loader_states = head.loader_states
         call = self.call
         if call.open:
@@ -116,4 +149,5 @@ class EpochStepCalls(StepCalls):
 
     def end(self) -> None:
         """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
-        self.call.open, self.taken_between_calls, self.head = False, [], None
+        self.call.open, self.taken_between_calls, self.head, self.released_ahead = False, [], None, 0
+        self.ahead.clear()

@@ -27,6 +27,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,7 @@ def _loader(kind: str, rank: int) -> DataLoader:
     return DataLoader(RankShardedItems(), batch_size=BATCH_SIZE)
 
 
-def _describe(error: BaseException) -> dict[str, Any]:
+def describe_error(error: BaseException) -> dict[str, Any]:
     return dict(
         type=f"{type(error).__module__}.{type(error).__qualname__}",
         message=str(error)[:2000],
@@ -143,7 +144,7 @@ def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
                                         "use_distributed_sampler": not pipelined})
             trainer.fit(module, train_dataloaders=_loader(kind, rank))
         except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
-            error = _describe(raised)
+            error = describe_error(raised)
     outcome = rank_outcome(module, trainer, error)
     outcome.update(warnings=[str(w.message) for w in warned])
     if pipelined:
@@ -170,7 +171,7 @@ def _result_path(outdir: str, run: tuple, rank: int) -> Path:
     return Path(outdir) / f"{kind}-{'-'.join(map(str, pattern))}-rank{rank}.json"
 
 
-def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str) -> None:
+def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit_on_rank: Callable) -> None:
     """One rank of one process group: a fit per run, each outcome written as JSON the moment it is known."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), NODE_RANK="0",
@@ -183,7 +184,7 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str) -> 
     stack_file = open(Path(outdir) / f"stack-{port}-{rank}.txt", "w")  # noqa: SIM115 - kept open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     for run in runs:
-        outcome = _fit_on_rank(design, rank, *run)
+        outcome = fit_on_rank(design, rank, *run)
         path = _result_path(outdir, run, rank)
         path.with_suffix(".tmp").write_text(json.dumps(outcome))
         path.with_suffix(".tmp").rename(path)
@@ -196,9 +197,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
+def launch(design, groups: list[list[tuple]], fit_on_rank: Callable | None = None) -> dict[tuple, dict]:
     """Start one process group of ``WORLD`` ranks per entry of ``groups`` (all at once); each group's ranks run its
-    ``(loader kind, pattern)`` fits one after another. Returns ``{run: {"ranks": [outcome or None, ...],
+    ``(loader kind, pattern)`` fits one after another, each ``fit_on_rank(design, rank, kind, pattern)`` (returning
+    the rank's outcome; this module's fits by default). Returns ``{run: {"ranks": [outcome or None, ...],
     "hung": {rank: stack}, "exitcodes": [...]}}``.
 
     Never blocks past ``LAUNCH_DEADLINE_S``: a rank still running then has its stack captured and is killed, and
@@ -208,7 +210,8 @@ def launch(design, groups: list[list[tuple]]) -> dict[tuple, dict]:
     with tempfile.TemporaryDirectory(prefix="c16-") as outdir:
         ports = [_free_port() for _ in groups]
         procs = {
-            (g, rank): context.Process(target=_rank_main, args=(rank, ports[g], design, runs, outdir))
+            (g, rank): context.Process(target=_rank_main,
+                                       args=(rank, ports[g], design, runs, outdir, fit_on_rank or _fit_on_rank))
             for g, runs in enumerate(groups)
             for rank in range(WORLD)
         }
@@ -299,10 +302,10 @@ def summary(run: dict) -> str:
         else:
             error = outcome["error"]
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
-            lines.append(
-                f"  rank {rank}: {what}; step calls {outcome['step_calls']}, batches per step {outcome['per_step']},"
-                f" global_step {outcome['global_step']}, optimizer steps {outcome['optimizer_steps']}"
-            )
+            counters = (f"; step calls {outcome['step_calls']}, batches per step {outcome['per_step']}, global_step"
+                        f" {outcome['global_step']}, optimizer steps {outcome['optimizer_steps']}"
+                        if "step_calls" in outcome else "")
+            lines.append(f"  rank {rank}: {what}{counters}")
             if error is not None:
                 lines.append("      raised at: " + " <- ".join(reversed(error["where"])))
     if run.get("error"):
