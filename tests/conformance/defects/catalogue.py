@@ -35,6 +35,7 @@ from tests.conformance.defects.replacements import (
     _keeping,
     _keeps_counted_progress,
     _keeps_the_steps_first_batch_for_the_end_hook,
+    _looks_ahead_only_at_what_it_holds,
     _produce_ending_on_error,
     _redelivers_every_fifth,
     _run_catching_exception_only,
@@ -75,6 +76,8 @@ C16 = "test_c16_distributed.py::"
 C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
 C19 = "test_c19_real_pipelines.py::"
+C19_PIPELINE = "test_c19_megatron_pipeline.py::"
+PIPELINE_TEST = "test_megatron_pipeline_schedule_on_two_stages_matches_the_plain_loop"
 SIZED = "sized and not unsized"
 # the prefetcher ships without a thread; a defect in its thread's lifetime is applied with one running all the time
 WITH_THREAD = {"depth": 2}
@@ -307,6 +310,14 @@ CATALOGUE: tuple[Defect, ...] = (
            (bp_evaluation.IteratorPredictionLoop, "_on_step_returned"), _writer_indices_of_the_last_batch,
            (C18 + "test_prediction_writer_gets_each_step_calls_predictions_and_indices",), "2 and sized"),
     # C19 Real pipelines: what the suite's own pipelining steps (C17, one batch held) cannot see
+    Defect("look_ahead_counts_only_what_it_holds", "C19", "prefetcher",
+           "answers `has_batches(k)` from the batches it holds already, without taking more from the producer",
+           (prefetch_step_calls.HeldBatches, "available"), _instead(_looks_ahead_only_at_what_it_holds),
+           (C19_PIPELINE + PIPELINE_TEST,), "k2-12batches-sized"),
+    Defect("declined_call_does_not_end_the_data", "C19", "batch_processor",
+           "calls the step again after it declined the batches left (`has_batches(k)` False, no batch taken)",
+           (common.StepCall, "declined"), _instead(property(lambda self: False)),
+           (C19_PIPELINE + PIPELINE_TEST,), "k2-13batches-sized"),
     Defect("drains_once", "C19", "prefetcher",
            "ends the draining after one drain call, while a pipeline still holds a second batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_call"), _after(lambda self, ended: True),

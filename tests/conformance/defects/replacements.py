@@ -258,3 +258,10 @@ def _skips_the_vote_for_equal_shards(original: Callable[..., Any]) -> Callable[.
         return original(trainer) and not equal
 
     return needed
+
+
+def _looks_ahead_only_at_what_it_holds(self: Any, count: int, dataloader_idx: int, take_ahead: Any) -> int:
+    """A look-ahead of k that counts the batches already taken from the producer and takes no more."""
+    if self.head_of(dataloader_idx, self.peek()) is None:
+        return 0
+    return min(count, 1 + len(self.ahead))
