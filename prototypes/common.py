@@ -380,8 +380,8 @@ class StepIterator(Iterator):
 
         Why: a step that needs ``count`` batches per call (a micro-batching schedule, a pipeline stage that receives
         before it pulls) must not start a call the data would cut short: in a pipeline, the stage that runs out
-        stops while its peer waits for it. A step that gets False and takes no batch ends its data there; the loop
-        warns how many batches were left untrained and makes its drain calls (C17), where this is False as well.
+        stops while its peer waits for it. A training step that gets False and takes no batch ends its data there;
+        the loop warns how many batches were left untrained and makes its drain calls (C17), where this is False too.
         """
         if self._closed:
             raise RuntimeError(self.closed_message.format(step=self._step))
