@@ -88,6 +88,11 @@ class MegatronParallelState:
 
     def close(self) -> None:
         parallel_state.destroy_model_parallel()
+        # Why: megatron-core 0.16.1's destroy_model_parallel leaves these two set to the groups it destroys; the next
+        # initialize_model_parallel in this process, or in a rank forked from it (C19's two-stage runs), would take
+        # them for live groups and hang or crash
+        parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
+        parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
         dist.destroy_process_group()
 
 
