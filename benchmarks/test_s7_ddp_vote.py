@@ -1,8 +1,8 @@
 """S7 the DDP end-of-data vote: what the ranks' agreement on the end of data costs per step call, on 2-rank gloo.
 
 Under DDP a design that counts batches votes before each step call on whether every rank still has a batch
-(``prototypes.common.every_rank_has_a_batch``: an all-reduce of one flag and a host sync), unless the loaders give
-every rank the same number of batches (``end_of_data_vote_needed``). Two CPU ranks on gloo (forked, as
+(``prototypes.common.every_rank_has_a_batch``: an all-reduce of one flag and a host sync), with more than one rank
+(``end_of_data_vote_needed``). Two CPU ranks on gloo (forked, as
 ``tests/conformance/ddp.py`` launches them) each run a real Trainer's fit with stock Lightning's DDP strategy; on
 the first training batch, with the process group up, rank 0 times rounds of ``VOTES`` calls of the vote, and the
 fit then times its tiny step (the S3 model: a Linear layer, batch of 1) over a steady-state window, so the vote's

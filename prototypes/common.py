@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -97,11 +98,10 @@ class Design:
 def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     """Whether *every* rank can start another step call: the ranks' vote on the end of data.
 
-    Why: under DDP each step call ends in a gradient all-reduce. A rank whose shard ends early (an unevenly
-    sharded IterableDataset) and stops would leave its peers blocked in that collective until the process-group
-    timeout (the hang of HF Accelerate #2258). One all-reduce(MIN) of a one-element flag per step call makes all
-    ranks stop at the same step call. Without a process group it returns ``has_batch`` unchanged. A design may
-    skip the vote where ``end_of_data_vote_needed`` says the loaders end every rank together.
+    Why: under DDP each step call ends in a gradient all-reduce. A rank whose data ends early and stops would leave
+    its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258). One
+    all-reduce(MIN) of a one-element flag per step call makes all ranks stop at the same step call. Without a process
+    group it returns ``has_batch`` unchanged. ``end_of_data_vote_needed`` says where the ranks vote at all.
     """
     import torch
     import torch.distributed as dist
@@ -113,42 +113,21 @@ def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     return bool(flag.item())
 
 
-def ranks_end_together(dataloaders: Iterable[Any]) -> bool:
-    """Whether every rank is certain to get as many batches from ``dataloaders`` as every other rank, so the ranks
-    need not vote on the end of data: each is a DataLoader over a map-style dataset whose samples come from a
-    ``DistributedSampler`` (which pads or drops so every rank gets the same count; Lightning injects one into every
-    map-style training loader by default), batched by no batch sampler or by torch's own ``BatchSampler``.
-
-    Anything else (an ``IterableDataset`` sharded by rank, a custom batch sampler that may yield a different number
-    of batches per rank, a loader that is not a DataLoader) keeps the vote.
-    """
-    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset
-
-    def equal_length(loader: Any) -> bool:
-        if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
-            return False
-        batches = loader.batch_sampler
-        if batches is None:
-            return isinstance(loader.sampler, DistributedSampler)
-        return type(batches) is BatchSampler and isinstance(batches.sampler, DistributedSampler)
-
-    loaders = list(dataloaders)
-    return bool(loaders) and all(equal_length(loader) for loader in loaders)
-
-
 # [RFC 8]
-def end_of_data_vote_needed(trainer: pl.Trainer, dataloaders: Iterable[Any]) -> bool:
-    """Whether the ranks must vote on the end of data (``every_rank_has_a_batch``) while iterating ``dataloaders``:
-    under DDP with more than one rank, unless the loaders give every rank the same number of batches.
+def end_of_data_vote_needed(trainer: pl.Trainer) -> bool:
+    """Whether the ranks of a ``*_step(self, dataloader_iter)`` must vote on the end of data
+    (``every_rank_has_a_batch``) after every step call: under DDP with more than one rank, always.
 
-    Why decide once per epoch: the vote is an all-reduce and a host sync (``.item()``) per step call; with
-    equal-length loaders every rank reaches the end at the same step call without it.
+    Why no skip for loaders that give every rank the same number of batches (a ``DistributedSampler``): equal
+    batches end every rank at the same step call only if every rank's calls take the same number of batches, and
+    that is the step's to decide, call by call (a data-dependent micro-batch count, as sequence packing gives). A
+    rank sees only its own calls, so no rank can prove it without the communication the vote is; one that skipped on
+    its own evidence while a peer voted would pair the vote with the peer's gradient all-reduce. The regular flavour
+    takes one batch per call by construction and keeps stock Lightning's loop, without a vote.
     """
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-        return False
-    return not ranks_end_together(dataloaders)
+    return dist.is_available() and dist.is_initialized() and trainer.world_size > 1
 
 
 # [RFC 10]
@@ -221,10 +200,17 @@ class StepCall:
     batch_indices: list[int] = field(default_factory=list)
     cut_short: bool = False
     open: bool = False
+    fewer_left: int | None = None  # ``has_batches(k)`` answered False: only this many (< k) were left
 
     @property
     def consumed(self) -> int:
         return len(self.batch_indices)
+
+    @property
+    def declined(self) -> bool:
+        """The step saw that fewer batches were left than it needs (``has_batches``) and took none: it did not
+        start a call it could not finish. Its data ends here; the batches left are not trained (``warn_declined``)."""
+        return self.fewer_left is not None and not self.batch_indices and not self.drain
 
 
 class StepCalls:
@@ -266,11 +252,28 @@ ITERATOR_USED_AFTER_ITS_STEP = (
     " call next(dataloader_iter) only inside the step that received it (the loop counts, transfers and checkpoints"
     " batches per step call); to use a batch in a later step, keep the batch, not the iterator."
 )
+def warn_declined(hook_name: str, left: int) -> None:
+    """The loop ends the epoch's data at a declined call (``StepCall.declined``), saying what it leaves untrained."""
+    if left:
+        warnings.warn(
+            f"`{hook_name}(dataloader_iter)` found fewer batches left than it needs (`has_batches`) and took none, so"
+            f" the epoch ends here and its last {left} batch(es) are not trained. Make the epoch a multiple of the"
+            " batches each call takes (`drop_last`, or the loader's length) to train all of it.",
+            stacklevel=3,
+        )
+
 
 STOP_ITERATION_WITH_BATCHES_LEFT = (
     "{step} raised StopIteration although dataloader_iter still has batches, so it did not come from"
     " dataloader_iter; ending here would silently skip the remaining batches. Catch StopIteration from your own"
     " iterators inside {step}."
+)
+
+
+BATCHES_LEFT_WHEN_A_PEER_ENDED = (
+    "rank {rank} ends the epoch with batches left, not trained: another rank's data ran out first (its shard was"
+    " shorter, or its step calls took more batches each), and under DDP all ranks stop at the same step call. Give"
+    " every rank the same number of batches, and make every rank's step calls take the same number of them."
 )
 
 
@@ -340,7 +343,7 @@ class StepIterator(Iterator):
     hands out, valid until the loop over that dataloader ends; a ``next()`` between step calls (a pipeline's own
     loading thread) hands out the next batch, counted toward the next call. A design's subclass hands out the next
     ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when none remains), says in ``_has_next``
-    whether one remains and in ``_count_ahead(k)`` how many of the next k remain, handing none out (what
+    whether one remains and in ``_available(k)`` how many of the next k remain, handing none out (what
     ``has_batches`` answers; a design that cannot look ahead leaves it raising). ``done`` is exact (C5). Once the
     loop closes the iterator, ``next()`` raises an error naming the fix (``closed_message``): a batch taken then would
     belong to no step call. A design that hands each call a new iterator and closes it when the call returns sets
@@ -359,18 +362,12 @@ class StepIterator(Iterator):
     def _has_next(self) -> bool:
         raise NotImplementedError
 
-    def _count_ahead(self, wanted: int) -> int:
-        raise NotImplementedError(f"this design's dataloader_iter cannot look ahead {wanted} batches (has_batches)")
-
-    def has_batches(self, k: int) -> bool:
-        """Whether at least ``k`` more batches remain for this iterator (of this dataloader; in training, of the
-        epoch), looking ahead at most ``k`` batches without handing any out: a step that takes ``k`` per call asks
-        it before starting a call it could not finish (C5, a call cut short)."""
-        if self._closed:
-            raise RuntimeError(self.closed_message.format(step=self._step))
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"has_batches(k) takes a whole number of batches k >= 1, got {k!r}")
-        return self._has_next() if k == 1 else self._count_ahead(k) >= k
+    def _available(self, count: int) -> int:
+        """How many of the next ``count`` batches remain (a look-ahead of ``count``); a design records an answer
+        below ``count`` in the running call (``StepCall.fewer_left``)."""
+        raise NotImplementedError(
+            f"this loop's dataloader_iter has no look-ahead: {type(self).__name__}.has_batches is not supported"
+        )
 
     def __next__(self) -> StepItem:
         if self._closed:
@@ -383,6 +380,21 @@ class StepIterator(Iterator):
         if self._closed:
             raise RuntimeError(self.closed_message.format(step=self._step))
         return not self._has_next()
+
+    # [RFC 2] a look-ahead of k: a step need not start a call it cannot finish
+    def has_batches(self, count: int) -> bool:
+        """Whether at least ``count`` more batches remain for this iterator, without taking any.
+
+        Why: a step that needs ``count`` batches per call (a micro-batching schedule, a pipeline stage that receives
+        before it pulls) must not start a call the data would cut short: in a pipeline, the stage that runs out
+        stops while its peer waits for it. A training step that gets False and takes no batch ends its data there;
+        the loop warns how many batches were left untrained and makes its drain calls (C17), where this is False too.
+        """
+        if self._closed:
+            raise RuntimeError(self.closed_message.format(step=self._step))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"has_batches(count) takes a whole number of batches, count >= 1, got {count!r}")
+        return self._available(count) >= count
 
     def close(self) -> None:
         self._closed = True

@@ -17,6 +17,10 @@ from typing import Any
 import pytest
 
 import harness_common
+
+# Why imported here: megatron-core registers with torch when imported, and pytester restores sys.modules after each
+# in-process run, so a second run importing it afresh would fail on the registration; imported once, it stays
+import tests.conformance.megatron_pipeline  # noqa: F401
 from prototypes import DESIGNS
 from tests.conformance import plugin
 from tests.conformance.defects import CATALOGUE, Defect

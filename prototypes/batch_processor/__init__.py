@@ -43,8 +43,8 @@ overridden method defers to Lightning's own loop. Otherwise the loop keeps the r
   both a batch and ``dataloader_iter`` is refused before any batch is fetched, and a run of steps consuming
   nothing ends with an error (``prototypes.common``'s checks);
 - under DDP the ranks vote after every step call on whether each still has a batch (``every_rank_has_a_batch``),
-  so uneven shards end every rank at the same step call; loaders that give every rank the same number of batches
-  need no vote (``end_of_data_vote_needed``, decided once per epoch).
+  so uneven shards, and ranks whose calls take different numbers of batches, end every rank at the same step call
+  (``end_of_data_vote_needed``: always with more than one rank).
 
 Its use of Lightning 2.6's private API (imports, overrides, attributes) is read from the source by
 ``python -m prototypes.coupling`` and listed on the design page. Lightning's guard in ``LightningModule.log``

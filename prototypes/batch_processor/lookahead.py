@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -33,50 +32,55 @@ class LookAhead:
         self._transfer = transfer
         self._snapshot = snapshot or (lambda: None)
         self._head: StepItem | None = None
+        # beyond the head, for a step's look-ahead of k (``available``): (loader state before it, batch); None: the end
+        self._ahead: deque[tuple[Any, StepItem | None]] = deque()
         self._head_transferred = False
         self._fetch_error: Exception | None = None
         self.exhausted = False
         self.consumed_loader_states: Any = None
-        # what a step's look-ahead (``count_ahead``) fetched beyond the head, in order: each with the loaders' state
-        # before its fetch, and the batch, or the error the fetch raised, or None for the end
-        self._ahead: deque[tuple[Any, StepItem | Exception | None]] = deque()
         self._fetch_head()
 
-    def _fetch_one(self) -> tuple[Any, StepItem | Exception | None]:
+    def _fetch_head(self) -> None:
+        if self._ahead:  # a look-ahead of k fetched it already
+            self.consumed_loader_states, self._head = self._ahead.popleft()
+            self._head_transferred, self.exhausted = False, self._head is None
+            return
         # Why snapshot before fetching: the fetch advances the loaders past a batch no step has received yet
-        before = self._snapshot()
+        self.consumed_loader_states = self._snapshot()
         try:
-            return before, self._fetch()
+            self._head = self._fetch()
         except StopIteration:
+            self._head, self.exhausted = None, True
             # nothing is held back, and a loader's state after its end makes a resumed run start a new epoch
-            return self._snapshot(), None
+            self.consumed_loader_states = self._snapshot()
         except Exception as error:
             # the failure belongs to the batch being looked ahead at, not to the one being handed out now:
             # raise it when that batch is asked for, with its original type and traceback
-            return before, error
-
-    def _fetch_head(self) -> None:
-        self.consumed_loader_states, fetched = self._ahead.popleft() if self._ahead else self._fetch_one()
-        self._head, self._fetch_error = (None, fetched) if isinstance(fetched, Exception) else (fetched, None)
-        self.exhausted = fetched is None
+            self._head, self._fetch_error = None, error
         self._head_transferred = False
 
-    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
-        """How many of the next ``wanted`` batches are of ``dataloader_idx`` (a step's look-ahead), fetching up to
-        ``wanted - 1`` beyond the head; they are handed out in order later, each transferred when first needed."""
-        while self._head is not None and len(self._ahead) + 1 < wanted:
-            if self._ahead and not isinstance(self._ahead[-1][1], tuple):
-                break  # the end, or an error, is already ahead
-            self._ahead.append(self._fetch_one())
-        queued = [self._head, *(item for _, item in self._ahead)]
-        return sum(1 for _ in itertools.takewhile(
-            lambda item: isinstance(item, tuple) and item[2] == dataloader_idx, queued[:wanted]
-        ))
-
-    def drop_rest(self) -> None:
-        """End here, with batches left (the ranks' vote ended the epoch): none is handed out any more."""
+    def drop_rest(self) -> int:
+        """End here, with batches left (the ranks' vote, or a step that declined them, ended the epoch): none is
+        handed out any more. Returns how many of them the look-ahead held."""
+        held = (self._head is not None) + sum(item is not None for _, item in self._ahead)
         self._head, self._fetch_error, self.exhausted = None, None, True
         self._ahead.clear()
+        return held
+
+    def available(self, count: int, dataloader_idx: int) -> int:
+        """How many of the next ``count`` batches are of ``dataloader_idx``: a look-ahead of ``count``, fetching
+        (not transferring) what the head does not cover; a loader's error while looking ahead is raised here."""
+        if self._fetch_error is not None or self.exhausted_for(dataloader_idx):
+            return 0
+        while len(self._ahead) + 1 < count and not (self._ahead and self._ahead[-1][1] is None):
+            snapshot = self._snapshot()
+            try:
+                self._ahead.append((snapshot, self._fetch()))
+            except StopIteration:
+                self._ahead.append((self._snapshot(), None))
+        following = [item for _, item in self._ahead][: count - 1]
+        return 1 + next((i for i, item in enumerate(following) if item is None or item[2] != dataloader_idx),
+                        len(following))
 
     def exhausted_for(self, dataloader_idx: int) -> bool:
         """No batch of ``dataloader_idx`` remains: the loaders ran out or (sequential mode) moved to the next one."""
@@ -125,9 +129,17 @@ class LookAheadStepIterator(StepIterator):
         hand_out: Callable[[StepItem], StepItem],
         dataloader_idx: int = 0,
         step: str = "training_step",
+        call: StepCall | None = None,
     ) -> None:
         super().__init__(step)
         self._batches, self._hand_out, self._dataloader_idx = batches, hand_out, dataloader_idx
+        self._call = call  # the running call, where a short look-ahead is recorded
+
+    def _available(self, count: int) -> int:
+        available = self._batches.available(count, self._dataloader_idx)
+        if available < count and self._call is not None:
+            self._call.fewer_left = available
+        return available
 
     def _take(self) -> StepItem:
         if self._batches.exhausted_for(self._dataloader_idx):
@@ -136,9 +148,6 @@ class LookAheadStepIterator(StepIterator):
 
     def _has_next(self) -> bool:
         return not self._batches.exhausted_for(self._dataloader_idx)
-
-    def _count_ahead(self, wanted: int) -> int:
-        return self._batches.count_ahead(self._dataloader_idx, wanted)
 
 
 def fetch_within_limits(data_fetcher: _DataFetcher) -> StepItem:

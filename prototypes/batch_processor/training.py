@@ -23,11 +23,13 @@ from prototypes.batch_processor.lookahead import (
     fetch_within_limits,
 )
 from prototypes.common import (
+    BATCHES_LEFT_WHEN_A_PEER_ENDED,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
     StepCall,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
+    warn_declined,
 )
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
@@ -82,22 +84,22 @@ class _StepCallHandOut:
     def _run_drain_call(self) -> tuple[bool, Any]:
         self._calls.upcoming_batch = None
         drain_call = self._calls.start_call(drain=True)
-        outputs = self._run_step(drain=True)
+        outputs = self._run_step()
         return drain_call.cut_short, outputs
 
-    def _run_step(self, drain: bool = False) -> Any:
-        """One step call; returns its output, or None when a StopIteration from ``dataloader_iter`` cut it short.
-        ``drain``: a drain call, an accumulation window of its own."""
+    def _run_step(self) -> Any:
+        """The running step call (a drain call is an accumulation window of its own); returns its output, or None
+        when a StopIteration from ``dataloader_iter`` cut it short."""
         trainer, calls = self.trainer, self._calls
         batches, step_call = calls.batches, calls.call
         assert batches is not None
-        dataloader_iter = LookAheadStepIterator(batches, self._hand_out)
+        dataloader_iter = LookAheadStepIterator(batches, self._hand_out, call=step_call)
         kwargs = OrderedDict(dataloader_iter=dataloader_iter)
         try:
             with trainer.profiler.profile("run_training_batch"):
                 if trainer.lightning_module.automatic_optimization:
                     return self.automatic_optimization.run_step_call(
-                        kwargs, trainer.optimizers[0], step_call.index - 1, drain, lambda: batches.exhausted
+                        kwargs, trainer.optimizers[0], step_call, lambda: batches.exhausted
                     )
                 return self.manual_optimization.run(kwargs)
         except StopIteration:
@@ -257,17 +259,15 @@ class IteratorTrainingEpochLoop(_StepCallHandOut, _LookAheadLifecycle, BatchCoun
         batch_output = self._run_step()
         calls.no_progress.step_returned(len(calls.call.batch_indices))  # Why not `consumed`: a call fewer per batch
 
-        # Why vote (one all-reduce per step call, where the loaders need it): a rank whose shard ran out must not stop
+        # Why vote (one all-reduce per step call, with more than one rank): a rank whose shard ran out must not stop
         # alone while its peers enter a step whose gradient all-reduce would wait for it; a rank stopped by its peers
         # drops its rest
+        if calls.call.declined:
+            warn_declined("training_step", calls.batches.drop_rest())
         has_batch = not calls.batches.exhausted
         self.batch_progress.is_last_batch = not self._every_rank_has_a_batch(has_batch)
         if has_batch and self.batch_progress.is_last_batch:
-            warnings.warn(
-                f"rank {trainer.global_rank} ends the epoch with batches left: another rank's data ran out (uneven"
-                " shards), and all ranks stop at the same step call. Give every rank the same number of batches.",
-                stacklevel=2,
-            )
+            warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=trainer.global_rank), stacklevel=2)
             # Why: a drain call (C17) after this one must find no batch here either, as on the ranks that ran out
             calls.batches.drop_rest()
         self.batch_progress.increment_processed()  # up to the batches handed out (`ConsumedBatchProgress`)

@@ -65,7 +65,7 @@ class DrainsHeldBatches:
         # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
         data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
         if not data_ended and not self._ranks_vote_every_step():
-            return  # every rank's data ends at the same step call: before it there is nothing to agree on
+            return  # one rank: before its data ends there is nothing to agree on
         if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
             self._drain_held_batches()
 
@@ -156,16 +156,15 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
     # [RFC 8] the end-of-data vote, where this epoch's loaders need it
     def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
         """The ranks' end-of-data vote (``every_rank_has_a_batch``) when ``_ranks_vote_every_step()``; otherwise
-        every rank's data ends at the same step call, and this rank's ``has_batch`` is the answer."""
+        there is one rank, and its ``has_batch`` is the answer."""
         return every_rank_has_a_batch(self.trainer, has_batch) if self._ranks_vote_every_step() else has_batch
 
     def _ranks_vote_every_step(self) -> bool:
-        """Whether this epoch's loaders need the ranks' end-of-data vote after every step call (decided once per
-        combined loader: ``end_of_data_vote_needed``)."""
+        """Whether the ranks vote on the end of data after every step call (``end_of_data_vote_needed``), decided once
+        per combined loader: the answer holds for a fit, and the loop asks after every call."""
         combined = self.trainer.fit_loop._combined_loader
         if self._vote_decided_for is not combined or combined is None:
-            flattened = combined.flattened if combined is not None else []
-            self._ranks_vote = end_of_data_vote_needed(self.trainer, flattened)
+            self._ranks_vote = end_of_data_vote_needed(self.trainer)
             self._vote_decided_for = combined
         return self._ranks_vote
 

@@ -13,6 +13,7 @@ from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimizatio
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 
 from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
+from prototypes.common import StepCall
 
 
 # ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
@@ -38,16 +39,17 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         self._window_open, self._window_loss = False, None
 
     def run_step_call(
-        self, kwargs: Any, optimizer: torch.optim.Optimizer, step_call_idx: int, drain: bool,
-        data_ended: Callable[[], bool],
+        self, kwargs: Any, optimizer: torch.optim.Optimizer, call: StepCall, data_ended: Callable[[], bool],
     ) -> dict:
-        """One step call; ``data_ended()``, asked once the step returned, says whether it took the epoch's last batch.
+        """One step call, ``call`` its record; ``data_ended()``, asked once the step returned, says whether it took the
+        epoch's last batch. A drain call, or a call that declined the batches left (``StepCall.declined``), that
+        computed no loss reaches no optimizer hook: no batch was trained.
 
         A StopIteration from the step propagates (no backward ran): the design tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
         """
-        trainer = self.trainer
-        if drain and not self._skip_backward:
+        trainer, step_call_idx = self.trainer, call.index - 1
+        if call.drain and not self._skip_backward:
             # Why on the instance, for this call only: a drain call is a window of its own (the epoch's last batch
             # closed the previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches; an
             # override would be a call more on every batch
@@ -63,7 +65,7 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
         closure()
         result = closure.consume_result()
-        if drain and result.loss is None:
+        if result.loss is None and (call.drain or call.declined):
             return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
         self._window_open, self._window_loss = True, result.loss
         if data_ended():

@@ -30,7 +30,13 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 
-from prototypes.common import STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepIterator, end_of_data_vote_needed
+from prototypes.common import (
+    STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchTransfer,
+    StepIterator,
+    end_of_data_vote_needed,
+    warn_declined,
+)
 from prototypes.lightning_changes import CountsConsumed
 from prototypes.prefetcher.options import RunResources
 from prototypes.prefetcher.prefetch_thread import PrefetchThread
@@ -52,8 +58,14 @@ class FetcherStepIterator(StepIterator):
     def _has_next(self) -> bool:
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)
 
-    def _count_ahead(self, wanted: int) -> int:
-        return self._fetcher.count_ahead(self.dataloader_idx, wanted)
+    def _available(self, count: int) -> int:
+        fetcher = self._fetcher
+        calls = fetcher.calls
+        with calls.lock:
+            available = calls.available(count, self.dataloader_idx, fetcher.take_ahead)
+            if available < count and calls.call.open:
+                calls.call.fewer_left = available
+        return available
 
 
 class _StepCallHandOut:
@@ -74,13 +86,17 @@ class _StepCallHandOut:
         return iterator
 
     def end_step_call(self) -> None:
-        """The step call returned; its iterator stays valid until the loop over its dataloader ends."""
-        self.calls.call.open = False
+        """The step call returned; its iterator stays valid until the loop over its dataloader ends. A call that
+        declined the batches left (``StepCall.declined``) ends the data."""
+        call = self.calls.call
+        if call.open and call.declined:
+            warn_declined(self.hook_name, self.calls.drop_rest())
+        call.open = False
 
     def data_ended_after_call(self) -> bool:
         """The step call returned (a ``next()`` until the next call counts toward that one): whether the data ended.
         Why after closing the call: between two calls ``done`` is the ranks' vote (C16)."""
-        self.calls.call.open = False
+        self.end_step_call()
         return self.done
 
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
@@ -90,23 +106,13 @@ class _StepCallHandOut:
         with calls.lock:  # Why: the peek may take from the queue
             return calls.head_of(dataloader_idx, calls.peek_on_every_rank() if vote else calls.peek()) is None
 
-    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
-        """How many of the next ``wanted`` batches of ``dataloader_idx`` exist (the step's look-ahead)."""
-        calls = self.calls
-        with calls.lock:
-            return calls.count_ahead(dataloader_idx, wanted)
-
-    def _release_ahead(self) -> None:
-        self.prefetch_thread.release()
-        self._released_ahead += 1
-
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
         """Hand the next batch to the step: counted, and recorded in the running call (``EpochStepCalls.hand_out``)."""
         calls = self.calls
         with calls.lock:
             head = calls.hand_out(dataloader_idx)
-            if self._released_ahead:  # its slot was freed when the look-ahead took it
-                self._released_ahead -= 1
+            if calls.released_ahead:  # a look-ahead of k gave this batch's slot back already
+                calls.released_ahead -= 1
             else:
                 self.prefetch_thread.release()
             self.fetched += 1
@@ -161,11 +167,10 @@ class _LoaderIteratorLifecycle:
             self.resources.copy_stream if ahead else None,
         )
         self._transfer_path = None if ahead else transfer
-        self._released_ahead = 0
         self.calls = EpochStepCalls(
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
-            ranks_vote=end_of_data_vote_needed(trainer, combined.flattened),
-            consumed_loader_states=producer.loader_states(), release_ahead=self._release_ahead,
+            ranks_vote=end_of_data_vote_needed(trainer),
+            consumed_loader_states=producer.loader_states(),
         )
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
         if self._thread_records_on_profiler:
@@ -176,6 +181,13 @@ class _LoaderIteratorLifecycle:
     def _thread_records_on_profiler(self) -> bool:
         """Whether this fetcher's prefetch thread may record the transfer hooks on the profiler."""
         return bool(self.options.depth) and self.options.transfer_ahead
+
+    def take_ahead(self) -> Produced | None:
+        """The next batch for a look-ahead of k (``EpochStepCalls.available``), its producer slot given back."""
+        produced = self._take()
+        if produced is not None:
+            self.prefetch_thread.release()
+        return produced
 
     def _take(self) -> Produced | None:
         """The next batch from the producer, ready for the step on this thread; None at the end of the data."""
@@ -241,7 +253,6 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         self.calls = EpochStepCalls(trainer, hook_name, self._take)  # replaced per loop over the data
         self._step_iterator: FetcherStepIterator | None = None
         self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
-        self._released_ahead = 0  # batches looked ahead at whose producer slot is already free, not yet handed out
 
     @property
     def consumed_loader_states(self) -> list[dict] | None:

@@ -4,43 +4,55 @@ vote and the batches taken between calls. No loop and no thread in here."""
 
 from __future__ import annotations
 
-import itertools
 import threading
+import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import StepCall, StepCalls, every_rank_has_a_batch
+from prototypes.common import BATCHES_LEFT_WHEN_A_PEER_ENDED, StepCall, StepCalls, every_rank_has_a_batch
 from prototypes.prefetcher.producer import Produced
 
 
-class BatchesAhead:
-    """The batches a step's look-ahead (``StepIterator.has_batches``) took from the producer beyond the head, in order,
-    each with its producer slot freed at once (``release``) so a look-ahead past the prefetch depth does not wait for
-    itself; and the loaders' state after their end, when the producer found it with batches still ahead."""
+class HeldBatches:
+    """What the record holds beyond the head for a step's look-ahead of k (``available``), and how it lets go of
+    everything it holds (``drop_rest``). On the loop's thread, or under the record's ``lock``."""
 
-    def __init__(self, produce: Callable[[], Produced | None], release: Callable[[], None]) -> None:
-        self._produce, self._release = produce, release
-        self.queue: deque[Produced] = deque()
-        self.end_states: list[dict] | None = None  # recorded once the batches ahead are handed out
+    head: Produced | None
+    ahead: deque[Produced]  # the batches after the head, taken from the producer; non-empty only with a head
+    released_ahead: int  # of them, how many already gave their producer slot back (``available``'s ``take_ahead``)
+    exhausted: bool
+    peek: Callable[[], Produced | None]  # the head, taken from the producer if need be
 
-    def take(self) -> Produced | None:
-        """The first batch ahead, else the producer's next (None at the end)."""
-        return self.queue.popleft() if self.queue else self._produce()
+    @staticmethod
+    def head_of(dataloader_idx: int, head: Produced | None) -> Produced | None:
+        """``head`` if it is a batch of ``dataloader_idx``: an iterator never spans two dataloaders (C15)."""
+        return head if head is not None and head.dataloader_idx == dataloader_idx else None
 
-    def fill(self, count: int) -> None:
-        """Take from the producer until ``count`` batches are ahead or it ends."""
-        while len(self.queue) < count:
-            produced = self._produce()
-            if produced is None:
-                return
-            self._release()
-            self.queue.append(produced)
+    def drop_rest(self) -> int:
+        """End here, with batches left (the ranks' vote, or a step that declined them, ended the epoch); returns how
+        many of them were taken from the producer already."""
+        held = (self.head is not None) + len(self.ahead)
+        self.head, self.exhausted, self.released_ahead = None, True, 0
+        self.ahead.clear()
+        return held
+
+    def available(self, count: int, dataloader_idx: int, take_ahead: Callable[[], Produced | None]) -> int:
+        """How many of the next ``count`` batches are of ``dataloader_idx``: a look-ahead of ``count`` (under
+        ``lock``); ``take_ahead`` takes from the producer what the head does not cover and gives its slot back
+        (Why: a prefetch thread of depth below ``count`` would otherwise wait for a slot while this waits for it)."""
+        if self.head_of(dataloader_idx, self.peek()) is None:
+            return 0
+        while len(self.ahead) + 1 < count and (produced := take_ahead()) is not None:
+            self.ahead.append(produced)
+            self.released_ahead += 1
+        following = [p.dataloader_idx == dataloader_idx for p in list(self.ahead)[: count - 1]]
+        return 1 + (following.index(False) if False in following else len(following))
 
 
-class EpochStepCalls(StepCalls):
+class EpochStepCalls(HeldBatches, StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
 
     ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
@@ -53,35 +65,23 @@ class EpochStepCalls(StepCalls):
     def __init__(
         self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
-        release_ahead: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(hook_name)
-        self.trainer = trainer
-        self.ahead = BatchesAhead(take, release_ahead)  # ``take`` draws from it first
-        self.take = self.ahead.take
+        self.trainer, self.take = trainer, take
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
+        self.ahead: deque[Produced] = deque()
+        self.released_ahead = 0
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
-        # whether the ranks vote on the end of data: off for loaders that end evenly, and once they agreed it ended
+        # whether the ranks vote on the end of data: off for one rank, and once the ranks agreed it ended
         self.ranks_vote = ranks_vote
         self.voted_before_call: int | None = None  # the step call the ranks last agreed to start
         # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
         self.taken_between_calls: list[tuple[Any, int]] = []
         self.consumed_loader_states = consumed_loader_states
 
-    def count_ahead(self, dataloader_idx: int, wanted: int) -> int:
-        """How many of the next ``wanted`` batches exist in ``dataloader_idx`` (under ``lock``): the step's look-ahead
-        (``StepIterator.has_batches``); what it takes stays queued in order (``ahead``)."""
-        head = self.peek()
-        if head is None:
-            return 0
-        if not self.exhausted:
-            self.ahead.fill(wanted - 1)
-        queued = [head, *self.ahead.queue][:wanted]
-        return sum(1 for _ in itertools.takewhile(lambda p: p.dataloader_idx == dataloader_idx, queued))
-
     def peek(self) -> Produced | None:
-        if self.head is None and (self.ahead.queue or not self.exhausted):
+        if self.head is None and not self.exhausted:
             self.head = self.take()
         return self.head
 
@@ -92,8 +92,7 @@ class EpochStepCalls(StepCalls):
         #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
         end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
         not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
-        vote it does not join would block the ranks that pull. Loaders that give every rank the same number of
-        batches need no vote.
+        vote it does not join would block the ranks that pull.
         """
         with self.lock:
             head = self.peek()
@@ -102,9 +101,9 @@ class EpochStepCalls(StepCalls):
             self.voted_before_call = self.call.index
             if every_rank_has_a_batch(self.trainer, head is not None):
                 return head
-            # Why stop voting: every rank ended at this call; a rank asking again must not wait for a vote
-            self.head, self.exhausted, self.ranks_vote = None, True, False
-            self.ahead.queue.clear()
+            if self.drop_rest():
+                warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=2)
+            self.ranks_vote = False  # every rank ended at this call; a rank asking again must not wait for a vote
             return None
 
     def vote_due(self) -> bool:
@@ -112,24 +111,16 @@ class EpochStepCalls(StepCalls):
         the callers check ``ranks_vote`` first: it is off for most runs, and they ask on every batch."""
         return not self.call.open and self.voted_before_call != self.call.index
 
-    @staticmethod
-    def head_of(dataloader_idx: int, head: Produced | None) -> Produced | None:
-        """``head`` if it is a batch of ``dataloader_idx``: an iterator never spans two dataloaders (C15)."""
-        return head if head is not None and head.dataloader_idx == dataloader_idx else None
-
     def hand_out(self, dataloader_idx: int) -> Produced:
         """The next batch of ``dataloader_idx``, handed to the step (under ``lock``): recorded in the running call, or
         between calls toward the next one; its loader state becomes the one a checkpoint records."""
         head = self.head
-        ahead = self.ahead
-        if head is None and (ahead.queue or not self.exhausted):  # Why not `peek()`: a call fewer on every batch
+        if head is None and not self.exhausted:  # Why not `peek()`: a call fewer on every batch
             head = self.head = self.take()
         if head is None or head.dataloader_idx != dataloader_idx:
             raise StopIteration
-        self.head = None
+        self.head = self.ahead.popleft() if self.ahead else None
         self.consumed_loader_states = head.loader_states
-        if ahead.end_states is not None and not ahead.queue:  # the last batch looked ahead at
-            self.consumed_loader_states, ahead.end_states = ahead.end_states, None
         call = self.call
         if call.open:
             call.batches.append(head.batch)
@@ -142,13 +133,12 @@ class EpochStepCalls(StepCalls):
         """The producer found the end: nothing unconsumed is left, so a resumed run starts from the loaders' state
         after their end (None: a limit cut them short, the last handed-out batch's state stands)."""
         self.exhausted = True
-        if loader_states is not None and (self.ahead.queue or self.head is not None):
-            self.ahead.end_states = loader_states
-        elif loader_states is not None:
+        if loader_states is not None:
             self.consumed_loader_states = loader_states
 
     def start_call(self, drain: bool = False) -> StepCall:
-        """A new step call (under ``lock``); what a pipeline's thread took since the previous call counts toward it."""
+        """A new step call (under ``lock``); batches a pipeline's thread took since the previous call count toward
+        it."""
         call = super().start_call(drain)
         if self.taken_between_calls:
             for batch, batch_idx in self.taken_between_calls:
@@ -159,5 +149,5 @@ class EpochStepCalls(StepCalls):
 
     def end(self) -> None:
         """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
-        self.call.open, self.taken_between_calls, self.head = False, [], None
-        self.ahead.queue.clear()
+        self.call.open, self.taken_between_calls, self.head, self.released_ahead = False, [], None, 0
+        self.ahead.clear()

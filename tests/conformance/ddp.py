@@ -26,6 +26,7 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,13 @@ TEST_TIMEOUT_S = LAUNCH_DEADLINE_S + 30  # pytest-timeout's backstop, beyond the
 SHARED_ITEMS = 15
 PATTERNS = [(1,), (2,)]  # next() calls per step; both divide the 4 batches per rank evenly
 
+# (c) equal shards, unequal calls: Lightning's DistributedSampler gives each rank 4 of the 8 batches, and the step
+# takes ``UNEQUAL_CALLS_PATTERN[rank]`` batches per call (a data-dependent micro-batch count, as sequence packing
+# gives), so rank 1's data ends after 2 calls while rank 0 has 2 batches left.
+UNEQUAL_CALLS = "unequal-calls"
+UNEQUAL_CALLS_ITEMS = 16
+UNEQUAL_CALLS_PATTERN = (1, 2)
+
 # (b) an IterableDataset sharded unevenly by rank: rank 0 has 4 batches, rank 1 has 2 (whole steps for 1 and 2
 # batches per step, so the ranks differ by whole steps, not by a step cut short).
 UNEVEN_SHARDS = {0: range(0, 8), 1: range(8, 12)}
@@ -66,8 +74,10 @@ class RankShardedItems(IterableDataset):
 
 def sampler_shard_batches(kind: str, rank: int) -> list[tuple[int, ...]]:
     """Rank ``rank``'s batches, computed independently of any design: its DistributedSampler shard, batched."""
-    shuffle = kind == "injected"  # what Lightning's injected sampler does for training (seed 0 unless PL_GLOBAL_SEED)
-    sampler = DistributedSampler(SizedItems(SHARED_ITEMS), num_replicas=WORLD, rank=rank, shuffle=shuffle, seed=0)
+    # what Lightning's injected sampler does for training: shuffle, seed 0 unless PL_GLOBAL_SEED
+    shuffle = kind in ("injected", UNEQUAL_CALLS)
+    items = UNEQUAL_CALLS_ITEMS if kind == UNEQUAL_CALLS else SHARED_ITEMS
+    sampler = DistributedSampler(SizedItems(items), num_replicas=WORLD, rank=rank, shuffle=shuffle, seed=0)
     sampler.set_epoch(0)
     indices = list(sampler)
     return [tuple(indices[i : i + BATCH_SIZE]) for i in range(0, len(indices), BATCH_SIZE)]
@@ -88,6 +98,8 @@ def _loader(kind: str, rank: int) -> DataLoader:
         return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
     if kind == PIPELINE_PARALLEL:
         return DataLoader(SizedItems(PIPELINE_ITEMS), batch_size=BATCH_SIZE)
+    if kind == UNEQUAL_CALLS:  # Lightning injects its DistributedSampler
+        return DataLoader(SizedItems(UNEQUAL_CALLS_ITEMS), batch_size=BATCH_SIZE)
     assert kind == "uneven", kind
     return DataLoader(RankShardedItems(), batch_size=BATCH_SIZE)
 
@@ -118,16 +130,22 @@ _COLLECTIVE_FAILURE_MARKERS = (
 
 def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict[str, Any]:
     pipelined = kind == PIPELINE_PARALLEL  # C19: each rank is a pipeline stage, and every stage reads all the data
-    module = PipelineStageModule(rank) if pipelined else IterStepModule(pattern)
+    if pipelined:
+        module = PipelineStageModule(rank)
+    else:  # an unequal-calls pattern names each rank's batches per call
+        module = IterStepModule((pattern[rank],) if kind == UNEQUAL_CALLS else pattern)
     error, trainer = None, None
-    try:
-        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-        trainer = design.trainer(**{**QUIET, "accelerator": "cpu", "devices": WORLD, "strategy": strategy,
-                                    "use_distributed_sampler": not pipelined})
-        trainer.fit(module, train_dataloaders=_loader(kind, rank))
-    except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
-        error = describe_error(raised)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+            trainer = design.trainer(**{**QUIET, "accelerator": "cpu", "devices": WORLD, "strategy": strategy,
+                                        "use_distributed_sampler": not pipelined})
+            trainer.fit(module, train_dataloaders=_loader(kind, rank))
+        except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
+            error = describe_error(raised)
     outcome = rank_outcome(module, trainer, error)
+    outcome.update(warnings=[str(w.message) for w in warned])
     if pipelined:
         outcome.update(stage_weights=module.weights(), stage_initial=module.initial_weights)
     return outcome
@@ -253,6 +271,7 @@ SHARED_KINDS = ["injected", "explicit"]
 PIPELINE_PARALLEL = "pipeline-parallel"
 LAUNCHES = {
     "shared": [[(kind, pattern) for kind in SHARED_KINDS for pattern in PATTERNS]],
+    UNEQUAL_CALLS: [[(UNEQUAL_CALLS, UNEQUAL_CALLS_PATTERN)]],
     "uneven": [[("uneven", pattern)] for pattern in PATTERNS],
     PIPELINE_PARALLEL: [[(PIPELINE_PARALLEL, (MICRO_BATCHES,))]],
 }
@@ -261,7 +280,7 @@ _RESULTS: dict[tuple[str, str], dict] = {}
 
 def run_outcome(design, kind: str, pattern: tuple[int, ...]) -> dict:
     """The ranks' outcomes for one fit; the launch that contains it runs (once per design) on first use."""
-    name = kind if kind in ("uneven", PIPELINE_PARALLEL) else "shared"
+    name = kind if kind in LAUNCHES else "shared"
     if (design.id, name) not in _RESULTS:
         _RESULTS[design.id, name] = launch(design, LAUNCHES[name])
     return _RESULTS[design.id, name][kind, pattern]
@@ -283,10 +302,10 @@ def summary(run: dict) -> str:
         else:
             error = outcome["error"]
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
-            lines.append(
-                f"  rank {rank}: {what}; step calls {outcome['step_calls']}, batches per step {outcome['per_step']},"
-                f" global_step {outcome['global_step']}, optimizer steps {outcome['optimizer_steps']}"
-            )
+            counters = (f"; step calls {outcome['step_calls']}, batches per step {outcome['per_step']}, global_step"
+                        f" {outcome['global_step']}, optimizer steps {outcome['optimizer_steps']}"
+                        if "step_calls" in outcome else "")
+            lines.append(f"  rank {rank}: {what}{counters}")
             if error is not None:
                 lines.append("      raised at: " + " <- ".join(reversed(error["where"])))
     if run.get("error"):
@@ -308,14 +327,15 @@ def received_batches(outcome: dict) -> list[tuple[int, ...]]:
     return [tuple(ids_) for ids_, _, _ in outcome["steps"]]
 
 
-def reference_ddp_weights(outcomes: list[dict], pattern: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """Plain PyTorch DDP semantics: each step averages the ranks' gradients of their own step losses, then SGD."""
+def reference_ddp_weights(outcomes: list[dict], batches_per_call: list[int]) -> dict[str, torch.Tensor]:
+    """Plain PyTorch DDP semantics: each step averages the ranks' gradients of their own step losses, then SGD; rank
+    r's steps take ``batches_per_call[r]`` of the batches it received each."""
     layer = torch.nn.Linear(FEATURES, 1)
     layer.load_state_dict({k: torch.tensor(v) for k, v in outcomes[0]["initial"].items()})
     optimizer = torch.optim.SGD(layer.parameters(), lr=LR)
     per_rank = [
-        [received_batches(o)[i : i + pattern[0]] for i in range(0, len(received_batches(o)), pattern[0])]
-        for o in outcomes
+        [received_batches(o)[i : i + per_call] for i in range(0, len(received_batches(o)), per_call)]
+        for o, per_call in zip(outcomes, batches_per_call, strict=True)
     ]
     for step in zip(*per_rank, strict=True):
         losses = []

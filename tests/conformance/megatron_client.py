@@ -66,10 +66,15 @@ def cpu_token_counter(schedule: Any) -> Any:
     if schedule is not megatron_schedules.forward_backward_no_pipelining:
         raise AssertionError(f"get_forward_backward_func() returned {schedule.__name__}; the client runs megatron's "
                              "schedule for a pipeline-parallel size of 1, forward_backward_no_pipelining")
-    on_cpu = types.FunctionType(schedule.__code__, {**schedule.__globals__, "torch": _TorchWithCpuTokenCounter()},
-                                schedule.__name__, schedule.__defaults__, schedule.__closure__)
-    on_cpu.__kwdefaults__ = schedule.__kwdefaults__
-    return on_cpu
+    return with_globals(schedule, torch=_TorchWithCpuTokenCounter())
+
+
+def with_globals(function: Any, **replaced: Any) -> Any:
+    """``function``'s own code with some of the names it reads from its module replaced, for it alone."""
+    changed = types.FunctionType(function.__code__, {**function.__globals__, **replaced}, function.__name__,
+                                 function.__defaults__, function.__closure__)
+    changed.__kwdefaults__ = function.__kwdefaults__
+    return changed
 
 
 # --------------------------------------------------------------------------------------------------- parallel state
@@ -83,6 +88,11 @@ class MegatronParallelState:
 
     def close(self) -> None:
         parallel_state.destroy_model_parallel()
+        # Why: megatron-core 0.16.1's destroy_model_parallel leaves these two set to the groups it destroys; the next
+        # initialize_model_parallel in this process, or in a rank forked from it (C19's two-stage runs), would take
+        # them for live groups and hang or crash
+        parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
+        parallel_state._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
         dist.destroy_process_group()
 
 

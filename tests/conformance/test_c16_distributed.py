@@ -14,6 +14,9 @@ from tests.conformance.ddp import (
     PATTERNS,
     SHARED_KINDS,
     TEST_TIMEOUT_S,
+    UNEQUAL_CALLS,
+    UNEQUAL_CALLS_PATTERN,
+    WORLD,
     finished_on_every_rank,
     received_batches,
     reference_ddp_weights,
@@ -53,7 +56,7 @@ def test_ranks_end_with_the_weights_of_averaged_gradient_steps(design, pattern):
             f"rank {rank}: global_step {outcome['global_step']}, optimizer steps {outcome['optimizer_steps']},"
             f" expected {steps} (one per step call)"
         )
-    expected = reference_ddp_weights(outcomes, pattern)
+    expected = reference_ddp_weights(outcomes, [pattern[0]] * WORLD)
     for rank, outcome in enumerate(outcomes):
         for name, value in outcome["weights"].items():
             torch.testing.assert_close(torch.tensor(value), expected[name], msg=lambda m, rank=rank, name=name: (
@@ -96,3 +99,39 @@ def test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error(
             f"rank {rank} received {received}, not an in-order prefix of its shard {shard}"
         )
     assert outcomes[0]["weights"] == outcomes[1]["weights"], "the ranks ended with different weights:\n" + summary(run)
+
+
+# --------------------------------------------------------------------------------------------------- (c) unequal calls
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_equal_shards_with_unequal_calls_stop_every_rank_at_the_same_step(design):
+    """Equal ``DistributedSampler`` shards, a step taking 1 batch per call on rank 0 and 2 on rank 1: rank 1's data
+    ends first, so both ranks stop after the same call, with one averaged-gradient step per call, and rank 0, which
+    still has batches, warns that it does not train them. Equal shards alone do not end the ranks together: a rank
+    that skipped the vote for them would be left in a gradient all-reduce (or a vote) its peer never joins.
+    """
+    outcomes = finished_on_every_rank(UNEQUAL_CALLS, UNEQUAL_CALLS_PATTERN, design)
+    run = run_outcome(design, UNEQUAL_CALLS, UNEQUAL_CALLS_PATTERN)
+    shards = [sampler_shard_batches(UNEQUAL_CALLS, rank) for rank in range(WORLD)]
+    calls = min(len(shard) // per_call for shard, per_call in zip(shards, UNEQUAL_CALLS_PATTERN, strict=True))
+    for rank, outcome in enumerate(outcomes):
+        per_call = UNEQUAL_CALLS_PATTERN[rank]
+        counters = (outcome["step_calls"], outcome["global_step"], outcome["optimizer_steps"])
+        assert counters == (calls,) * 3, (
+            f"rank {rank}: step calls, global_step, optimizer steps {counters}; every rank stops after the call in"
+            f" which the first rank's data ends, {calls}:\n" + summary(run)
+        )
+        assert_same_batches(received_batches(outcome), shards[rank][: calls * per_call],
+                            what=f"rank {rank}: batches received (its shard's first {calls} calls, once each)")
+        left = len(shards[rank]) - calls * per_call
+        # the warning names the rank and the cause, in each design's words
+        warned = [text for text in outcome["warnings"] if text.startswith(f"rank {rank}") and "another rank" in text]
+        assert len(warned) == bool(left), (
+            f"rank {rank} has {left} batches of its shard left when the epoch ends; its warnings about them: {warned}"
+            " (one expected on a rank with batches left, none elsewhere)"
+        )
+    reference = reference_ddp_weights(outcomes, list(UNEQUAL_CALLS_PATTERN))
+    for rank, outcome in enumerate(outcomes):
+        for name, value in outcome["weights"].items():
+            torch.testing.assert_close(torch.tensor(value), reference[name], msg=lambda m, rank=rank, name=name: (
+                f"rank {rank}: {name} differs from DDP's averaged-gradient SGD over the calls both ranks made:\n{m}"
+            ))

@@ -696,30 +696,22 @@ def _votes(directory) -> list[list[str]]:
 
 
 @pytest.mark.timeout(120)
-def test_ranks_whose_loaders_end_together_take_no_vote_per_step_uneven_shards_still_vote(tmp_path, monkeypatch):
-    """Under 2-rank gloo DDP: loaders whose samples come from a DistributedSampler (Lightning's injected one, or the
-    user's) give every rank the same number of batches, so no step call pays the vote's all-reduce and host sync,
-    only the epoch's end (whether to drain, and each drain call) does; an IterableDataset sharded unevenly by rank
-    still votes before every step call (and once more at its end) and every rank stops at the same step call (C16)."""
+def test_ranks_vote_before_every_step_call_whatever_their_loaders(tmp_path, monkeypatch):
+    """Under 2-rank gloo DDP every rank votes at the epoch's start, and after each step call on whether the data
+    goes on (between the calls, C16) and whether to drain, then once after the drain call, loaders behind a
+    DistributedSampler included: equal shards end the ranks together only if their calls take equal numbers of
+    batches, which no rank can see."""
     from tests.conformance import ddp
 
-    even, uneven = tmp_path / "even", tmp_path / "uneven"
-    even.mkdir()
-    uneven.mkdir()
-    monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(even))
-    fits = [("injected", (1,)), ("explicit", (2,))]  # 4 and 2 step calls on each rank
-    shared = ddp.launch(PREFETCHER, [fits])
-    for run in shared.values():
-        for rank, outcome in enumerate(ddp.require_all_reported(run)):
-            assert outcome["error"] is None and outcome["step_calls"] > 0, f"rank {rank}: {outcome['error']}"
-    # per rank and fit: one vote on whether to drain, one after the drain call; none per step call
-    epoch_end = ["_drain_if_the_data_ended", "drain"]
-    assert _votes(even) == [epoch_end * len(fits)] * ddp.WORLD, _votes(even)
-
-    monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(uneven))
-    run = ddp.launch(PREFETCHER, [[("uneven", (1,))]])[("uneven", (1,))]
-    outcomes = ddp.require_all_reported(run)
-    steps = [outcome["step_calls"] for outcome in outcomes]
-    assert all(outcome["error"] is None for outcome in outcomes) and steps[0] == steps[1], ddp.summary(run)
-    votes = _votes(uneven)
-    assert len(votes) == ddp.WORLD and all(v.count("peek_on_every_rank") == steps[0] + 1 for v in votes), votes
+    monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(tmp_path))
+    fits = [("injected", (1,)), ("explicit", (2,)), ("uneven", (1,))]
+    runs = ddp.launch(PREFETCHER, [fits])
+    calls = []
+    for run in runs.values():
+        outcomes = ddp.require_all_reported(run)
+        assert all(outcome["error"] is None for outcome in outcomes), ddp.summary(run)
+        assert outcomes[0]["step_calls"] == outcomes[1]["step_calls"], ddp.summary(run)
+        calls.append(outcomes[0]["step_calls"])
+    per_fit = [["peek_on_every_rank"] + ["peek_on_every_rank", "_drain_if_the_data_ended"] * n + ["drain"]
+               for n in calls]
+    assert _votes(tmp_path) == [sum(per_fit, [])] * ddp.WORLD, _votes(tmp_path)

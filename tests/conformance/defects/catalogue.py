@@ -38,12 +38,14 @@ from tests.conformance.defects.replacements import (
     _keeping,
     _keeps_counted_progress,
     _keeps_the_steps_first_batch_for_the_end_hook,
+    _looks_ahead_only_at_what_it_holds,
     _produce_ending_on_error,
     _redelivers_every_fifth,
     _run_catching_exception_only,
     _saves_step_calls_for_every_module,
     _shutdown_without_join,
     _skips_the_epochs_last_window,
+    _skips_the_vote_for_equal_shards,
     _step_after_a_cut_short_call,
     _stop_forgetting_the_thread,
     _transfer_without_after_hook,
@@ -79,6 +81,8 @@ C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
 C19 = "test_c19_real_pipelines.py::"
 C19_MEGATRON = "test_c19_megatron.py::"
+C19_PIPELINE = "test_c19_megatron_pipeline.py::"
+PIPELINE_TEST = "test_megatron_pipeline_schedule_on_two_stages_matches_the_plain_loop"
 SIZED = "sized and not unsized"
 # the prefetcher ships without a thread; a defect in its thread's lifetime is applied with one running all the time
 WITH_THREAD = {"depth": 2}
@@ -280,6 +284,10 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("no_end_of_data_vote", "C16", "prefetcher", "ends an uneven shard's epoch without the ranks' vote",
            (prefetch_step_calls, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
            (C16 + "test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error",)),
+    Defect("vote_skipped_for_equal_shards", "C16", "prefetcher",
+           "skips the ranks' vote for equal DistributedSampler shards, whatever number of batches each call takes",
+           (prefetch_fetcher, "end_of_data_vote_needed"), _skips_the_vote_for_equal_shards,
+           (C16 + "test_equal_shards_with_unequal_calls_stop_every_rank_at_the_same_step",)),
     # C17 Steps with work in flight
     Defect("never_drains", "C17", "batch_processor",
            "ends the epoch without drain calls, while a pipelining step still holds a batch",
@@ -319,6 +327,14 @@ CATALOGUE: tuple[Defect, ...] = (
            (bp_evaluation.IteratorPredictionLoop, "_on_step_returned"), _writer_indices_of_the_last_batch,
            (C18 + "test_prediction_writer_gets_each_step_calls_predictions_and_indices",), "2 and sized"),
     # C19 Real pipelines: what the suite's own pipelining steps (C17, one batch held) cannot see
+    Defect("look_ahead_counts_only_what_it_holds", "C19", "prefetcher",
+           "answers `has_batches(k)` from the batches it holds already, without taking more from the producer",
+           (prefetch_step_calls.HeldBatches, "available"), _instead(_looks_ahead_only_at_what_it_holds),
+           (C19_PIPELINE + PIPELINE_TEST,), "k2-12batches-sized"),
+    Defect("declined_call_does_not_end_the_data", "C19", "batch_processor",
+           "calls the step again after it declined the batches left (`has_batches(k)` False, no batch taken)",
+           (common.StepCall, "declined"), _instead(property(lambda self: False)),
+           (C19_PIPELINE + PIPELINE_TEST,), "k2-13batches-sized"),
     Defect("drains_once", "C19", "prefetcher",
            "ends the draining after one drain call, while a pipeline still holds a second batch",
            (prefetch_loops._PrefetchingEpochLoop, "_drain_call"), _after(lambda self, ended: True),
@@ -338,8 +354,9 @@ CATALOGUE: tuple[Defect, ...] = (
            (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
     Defect("look_ahead_of_one", "C18", "prefetcher",
            "looks ahead one batch only, so has_batches(k) is False for every k above 1",
-           (prefetch_step_calls.EpochStepCalls, "count_ahead"),
-           _instead(lambda self, dataloader_idx, wanted: int(self.peek() is not None)),
+           (prefetch_step_calls.HeldBatches, "available"),
+           _instead(lambda self, count, dataloader_idx, take_ahead: int(
+               self.head_of(dataloader_idx, self.peek()) is not None)),
            (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
     Defect("evaluation_never_drains", "C19", "prefetcher",
            "ends an evaluation dataloader without drain calls, while the validation step still holds batches",

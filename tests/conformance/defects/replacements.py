@@ -277,3 +277,24 @@ def _discards_silently(trainer: Any, consumed: int) -> None:
 def _divides_the_runs_batches(trainer: Any, batches_per_call: int, last_call_trained: bool = True) -> float:
     """The formula the RFC used to give: the run's batches divided by the batches per call."""
     return trainer.estimated_stepping_batches // batches_per_call
+
+
+def _skips_the_vote_for_equal_shards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The rule before it was made safe: no vote when every training loader is a map-style dataset behind a
+    DistributedSampler, as though equal shards ended every rank at the same step call whatever the calls take."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def needed(trainer: Any) -> bool:
+        loaders = trainer.fit_loop._combined_loader.flattened
+        equal = all(isinstance(loader, DataLoader) and isinstance(loader.sampler, DistributedSampler)
+                    for loader in loaders)
+        return original(trainer) and not equal
+
+    return needed
+
+
+def _looks_ahead_only_at_what_it_holds(self: Any, count: int, dataloader_idx: int, take_ahead: Any) -> int:
+    """A look-ahead of k that counts the batches already taken from the producer and takes no more."""
+    if self.head_of(dataloader_idx, self.peek()) is None:
+        return 0
+    return min(count, 1 + len(self.ahead))
