@@ -11,6 +11,8 @@ from prototypes.prefetcher.loops import _StepCallAutomaticOptimization
 def _step_after_the_call(source: LightningSource) -> None:
     automatic = source.module("loops.optimization.automatic")
     automatic.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+    automatic.add_import(f"from {LIGHTNING_PACKAGE}.cut_short import discard_cut_short_call")
+    automatic.add_import(f"from {LIGHTNING_PACKAGE}.common import StepCall")
     automatic.insert_in_body(
         "_AutomaticOptimization.__init__",
         """

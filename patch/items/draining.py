@@ -10,7 +10,11 @@ from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 
 def _drain(source: LightningSource) -> None:
     epoch_loop = source.module("loops.training_epoch_loop")
-    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, epoch_stopped_early")
+    epoch_loop.add_import(
+        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, WeightChanges,"
+        " configured_optimizer_steps, drain, epoch_stopped_early"
+    )
+    epoch_loop.add_import("import warnings")
     epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import every_rank_has_a_batch")
     epoch_loop.add_import("from collections.abc import Iterator")
     epoch_loop.insert(

@@ -9,6 +9,7 @@ from patch.items import Item
 from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, PACKAGE
 from patch.transplant import methods_source, module_source
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
+from prototypes.prefetcher.loops import _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
 
 _STEP_CALL = "_step_call"
 
@@ -17,25 +18,24 @@ def _is_the_while_loop(node: ast.stmt) -> bool:
     return isinstance(node, ast.While)
 
 
-_EVALUATION_DRAIN = """
+# What the prototype's loops take from their mixin and from a shadow of the strategy's step: inside Lightning, the
+# loop's own step name, the drain call through `_step_call` directly, and (evaluation) no per-call record
+_EVALUATION_STEPS = """
 @property
-def _step_name(self) -> str:
+def step_name(self) -> str:
     return "test_step" if self.trainer.testing else "validation_step"
-
-def _drain_dataloader(self, dataloader_idx: int) -> None:
-    \"\"\"The drain calls at the end of a dataloader's batches, before the loop moves on.\"\"\"
-    fetcher = self._data_fetcher
-    step = functools.partial(call._call_strategy_hook, self.trainer, self._step_name)
-
-    def run_call() -> tuple[bool, Any]:
-        output = _step_call(self, step, fetcher.start_step_call(drain=True))
-        return fetcher.calls.call.cut_short, output
-
-    with fetcher.calls.drain_calls():
-        drain(self.trainer, functools.partial(evaluation_drain_call, self, dataloader_idx, run_call), self._step_name)
 
 def _on_step_returned(self, output: Any, dataloader_idx: int, consumed: list[int], cut_short: bool) -> None:
     \"\"\"After each step call taking ``dataloader_iter``, before its batch-end hooks.\"\"\"
+"""
+_WRITER_RECORD = ("_on_step_returned", "_on_drain_call_returned", "_seen_indices")
+_DRAIN_CALL = """
+def _run_drain_call(self) -> tuple[bool, Any]:
+    \"\"\"One drain call at the end of the current dataloader: whether a StopIteration ended it, and its output.\"\"\"
+    fetcher = self._data_fetcher
+    step = functools.partial(call._call_strategy_hook, self.trainer, self.step_name)
+    output = _step_call(self, step, fetcher.start_step_call(drain=True))
+    return fetcher.calls.call.cut_short, output
 """
 
 
@@ -52,7 +52,8 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
     for module, loop, hook, step, output, drain in (
         ("loops.evaluation_loop", "_EvaluationLoop", "_evaluation_step", "hook_name", "output",
          "self._drain_dataloader"),
-        ("loops.prediction_loop", "_PredictionLoop", "_predict_step", '"predict_step"', "predictions", "None"),
+        ("loops.prediction_loop", "_PredictionLoop", "_predict_step", '"predict_step"', "predictions",
+         "self._drain_dataloader"),
     ):
         lightning = source.module(module)
         lightning.replace_statement(
@@ -90,11 +91,17 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
 
     evaluation = source.module("loops.evaluation_loop")
     evaluation.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, evaluation_drain_call")
-    evaluation.insert(_EVALUATION_DRAIN, after="_EvaluationLoop._evaluation_step")
+    evaluation.insert(
+        _EVALUATION_STEPS + _DRAIN_CALL + "\n" + methods_source(_PrefetchingEvaluationLoop, ("_drain_dataloader",)),
+        after="_EvaluationLoop._evaluation_step",
+    )
 
     prediction = source.module("loops.prediction_loop")
+    prediction.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, prediction_drain_call")
     prediction.insert(
-        methods_source(PredictionWriterSeesStepCalls, ("_on_step_returned", "_seen_indices")),
+        'step_name = "predict_step"\n' + _DRAIN_CALL + "\n"
+        + methods_source(_PrefetchingPredictionLoop, ("_drain_dataloader",)) + "\n"
+        + methods_source(PredictionWriterSeesStepCalls, _WRITER_RECORD),
         after="_PredictionLoop._predict_step",
     )
     prediction.insert_in_body(

@@ -6,10 +6,12 @@ Lightning's loops (``loops/_dataloader_iter/``) by ``patch.transplant``; the loo
 Lightning's ``_DataLoaderIterDataFetcher``.
 """
 
+import prototypes.batches_per_call
 import prototypes.common
 import prototypes.lightning_changes.draining
 import prototypes.lightning_changes.fit_loop
 import prototypes.lightning_changes.log_batch_size
+import prototypes.lightning_changes.optimization
 import prototypes.prefetcher.fetcher
 import prototypes.prefetcher.options
 import prototypes.prefetcher.prefetch_thread
@@ -28,6 +30,7 @@ IMPORTS = {
     "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.loader_state",
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
     "prototypes.lightning_changes:samples_in": f"{LIGHTNING_PACKAGE}.log_batch_size",
+    "prototypes.batches_per_call": f"{LIGHTNING_PACKAGE}.batches_per_call",
 }
 # the progress classes count consumed batches themselves once item 1 is in
 NAMES = {"CountsConsumed": "_Progress"}
@@ -65,6 +68,14 @@ one iterator per loop over a dataloader, and counts them.
 """),
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
+"""),
+    "batches_per_call": (prototypes.batches_per_call, None, (), """
+A step taking several batches per call: the warning for a call the data cut short, and the number of optimizer steps
+a schedule should be sized for.
+"""),
+    "cut_short": (prototypes.lightning_changes.optimization, {"discard_cut_short_call"}, (), """
+A training step call cut short by the end of the data: no optimizer step for its batches, its gradients discarded
+under manual optimisation, and the user told once per fit.
 """),
     "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, (), """
 ``self.log``'s batch size for a step taking ``dataloader_iter``: the samples in the batches it consumed.
@@ -134,6 +145,14 @@ def _look_ahead(source: LightningSource) -> None:
         self.prefetching_fetcher = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
         """,
     )
+    fit_loop.insert_in_body(
+        "_FitLoop.__init__",
+        """
+        self.cut_short_call_reported = False  # this fit warned of a step call cut short by the end of the data
+        """,
+        after=assigns("self._data_fetcher"),
+    )
+    fit_loop.insert_in_body("_FitLoop.on_run_start", "self.cut_short_call_reported = False", at_start=True)
     fit_loop.insert_in_body(
         "_FitLoop.on_advance_end",
         """
