@@ -45,7 +45,8 @@ class HeldBatches:
         (Why: a prefetch thread of depth below ``count`` would otherwise wait for a slot while this waits for it)."""
         if self.head_of(dataloader_idx, self.peek()) is None:
             return 0
-        while len(self.ahead) + 1 < count and (produced := take_ahead()) is not None:
+        # Why `exhausted` first: once the producer found the end, asking it again raises StopIteration
+        while len(self.ahead) + 1 < count and not self.exhausted and (produced := take_ahead()) is not None:
             self.ahead.append(produced)
             self.released_ahead += 1
         following = [p.dataloader_idx == dataloader_idx for p in list(self.ahead)[: count - 1]]

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from prototypes.batches_per_call import CutShortCallWarning
 from tests.conformance.harness import (
     KINDS,
     IterStepModule,
+    cut_short_reports,
     loader_sequence,
     make_loader,
     make_trainer,
@@ -76,7 +76,5 @@ def test_stop_iteration_in_step_takes_no_optimizer_step(design, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_call_cut_short_is_reported_once_per_fit(design, kind):
     # two epochs of 7 batches, 3 per call: each epoch's third call is cut short after 1 batch; one warning per fit
-    with pytest.warns(CutShortCallWarning) as warned:
-        _cut_short_run(design, kind, max_epochs=2)
-    reported = [str(w.message) for w in warned if issubclass(w.category, CutShortCallWarning)]
+    reported, _ = cut_short_reports(lambda: _cut_short_run(design, kind, max_epochs=2))
     assert len(reported) == 1 and "after 1 of its batches" in reported[0], reported

@@ -19,8 +19,8 @@ from itertools import pairwise
 import pytest
 import torch
 
-from prototypes.batches_per_call import CutShortCallWarning
-from tests.conformance.harness import QUIET, loader_sequence, make_loader, make_trainer
+from tests.conformance.harness import QUIET, cut_short_reports, loader_sequence, make_loader, make_trainer
+from tests.conformance.harness.expectations import CUT_SHORT_WARNING
 from tests.conformance.megatron_client import (
     EPOCHS,
     MICRO_BATCHES,
@@ -119,11 +119,9 @@ def test_megatron_call_cut_short_is_counted_discarded_and_reported(design, micro
     data: they are counted, not stepped, their gradients reach no later step (the step zeroes only after stepping,
     so only the loop can discard them), and the user is told once per fit."""
     module = NeMoStyleModule(micro_batches, zero_grad_first=False)
-    with pytest.warns(CutShortCallWarning) as warned:
-        trainer = fit_13_batches(design, module, kind)
+    reported, trainer = cut_short_reports(lambda: fit_13_batches(design, module, kind))
     sequence = loader_sequence(make_loader(kind, CUT_ITEMS))
     left = len(sequence) % micro_batches
-    reported = [str(w.message) for w in warned if issubclass(w.category, CutShortCallWarning)]
     assert len(reported) == 1 and f"after {left} of its batches" in reported[0], reported
     assert module.trained == [sequence] * EPOCHS, "the schedule pulls every micro-batch, the last call's too"
     assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == EPOCHS * len(sequence), (
@@ -143,7 +141,7 @@ def test_megatron_step_that_looks_ahead_trains_the_last_call_whole(design, micro
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = fit_13_batches(design, module, kind)
-    assert not [w for w in caught if issubclass(w.category, CutShortCallWarning)], "no call was cut short"
+    assert not [w for w in caught if w.category.__name__ == CUT_SHORT_WARNING], "no call was cut short"
     sequence = loader_sequence(make_loader(kind, CUT_ITEMS))
     assert module.trained == [sequence] * EPOCHS
     assert trainer.global_step == EPOCHS * math.ceil(len(sequence) / micro_batches)

@@ -36,6 +36,7 @@ from tests.conformance.harness.expectations import (
     assert_names_the_fix,
     assert_same_batches,
     collate_items,
+    cut_short_reports,
     error_chain_text,
     reference_weights,
     split_by_pattern,
@@ -54,6 +55,7 @@ from tests.conformance.harness.modules import (
 from tests.conformance.harness.trainers import fit, make_trainer, stock_trainer
 
 __all__ = [
+    "cut_short_reports",
     "BATCH_SIZE", "FEATURES", "KINDS", "LOADER_CASES", "LR", "QUIET",
     "CountingSGD", "Crash", "CrashingModule", "DatasetBroke", "FailingItems", "IterStepModule", "ListedBatches",
     "Record", "RecordingModule", "RegularStepModule", "Running", "SizedItems", "SlowItems", "UnsizedBatches",

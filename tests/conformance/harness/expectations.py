@@ -98,3 +98,16 @@ def warning_texts(run) -> list[str]:
         warnings.simplefilter("always")
         run()
     return [str(w.message) for w in caught]
+
+
+CUT_SHORT_WARNING = "CutShortCallWarning"
+
+
+def cut_short_reports(run) -> tuple[list[str], object]:
+    """The texts of the ``CutShortCallWarning`` s that ``run()`` emitted, and what it returned. By the class's name:
+    each design defines the class its users filter (the prototypes in ``prototypes.batches_per_call``, the patched
+    Lightning in its own package)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        returned = run()
+    return [str(w.message) for w in caught if w.category.__name__ == CUT_SHORT_WARNING], returned
