@@ -153,6 +153,7 @@ def summary(tree: Path) -> dict:
             "number": item.number,
             "title": item.title,
             "part": item.part,
+            "why": item.why.strip(),
             "code": str(code.relative_to(Path(__file__).resolve().parent.parent)) if code else None,
             "files": files,
             "added": sum(f["added"] for f in files),

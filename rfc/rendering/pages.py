@@ -29,6 +29,7 @@ from rendering.coupling import COUPLING_BLOCKS
 from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.markdown import display_path, once_per_page
+from rendering.patch_series import block_patch_series
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
 from rendering.prose_blocks import PROSE_BLOCKS
@@ -69,6 +70,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "plot-overhead": plot_block("plot-overhead"),
     "plot-memory": plot_block("plot-memory"),
     "defects": block_defects,
+    "patch-series": block_patch_series,
     **COUPLING_BLOCKS,
     **PROSE_BLOCKS,
 }

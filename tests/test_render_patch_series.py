@@ -1,0 +1,52 @@
+"""The RFC's patch-series block and the change list's pointers into the patch (``rfc/rendering/patch_series.py``,
+``code_pointers``), from a synthetic series summary built here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rfc"))  # where `python rfc/render.py` finds it
+
+from rendering import code_pointers, patch_series  # noqa: E402
+from rendering.results import Inputs  # noqa: E402
+
+
+def inputs_with(tmp_path: Path, *items: dict) -> Inputs:
+    results = tmp_path / "results"
+    results.mkdir()
+    summary = dict(schema=1, release="9.9.9", items=list(items))
+    (results / code_pointers.PATCH_SUMMARY).write_text(json.dumps(summary))
+    return Inputs(rfc_dir=tmp_path, results_dir=results, out_dir=tmp_path, command="render")
+
+
+def item(number: int, code: str | None, files: list[tuple[str, int, int]], part: str = "") -> dict:
+    return dict(number=number, title=f"change {number} | piped", code=code, part=part, why=f"why\n  {number}",
+                files=[dict(path=p, added=a, removed=r) for p, a, r in files],
+                added=sum(a for _, a, _ in files), removed=sum(r for _, _, r in files))
+
+
+def test_the_block_sums_the_series_and_gives_each_patch_its_code_lines_and_message(tmp_path):
+    inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1), ("loops/b.py", 2, 0)]),
+                         item(2, None, [], part="item 1's code makes it"))
+    block = patch_series.block_patch_series(inputs, tmp_path)
+    assert "pytorch-lightning 9.9.9 has 2 patches" in block
+    assert "1 edit Lightning's code, adding 5 lines and removing 1 in 2 files" in block
+    assert "| 1 | change 1 \\| piped | `patch/items/one.py` | +5 −1 |" in block
+    assert "| 2 | change 2 \\| piped | no edits of its own: item 1's code makes it | +0 −0 |" in block
+    assert "- **2. change 2 \\| piped.** why 2" in block
+
+
+def test_the_block_names_the_command_without_a_summary(tmp_path):
+    inputs = Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render")
+    assert patch_series.COMMAND in patch_series.block_patch_series(inputs, tmp_path)
+
+
+def test_an_item_pointer_ends_with_its_patch_or_says_it_is_not_in_the_series(tmp_path):
+    inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)], part="the first half"),
+                         item(2, "patch/items/two.py", [(f"f{n}.py", 1, 0) for n in range(4)]))
+    assert code_pointers._in_the_patch(inputs, 1) == (
+        "; the patch to Lightning 9.9.9, so far the first half: `patch/items/one.py` (`loops/a.py` +3 −1)")
+    assert code_pointers._in_the_patch(inputs, 2).endswith("(+4 −0 lines in 4 files)")
+    assert code_pointers._in_the_patch(inputs, 3) == "; the patch to Lightning 9.9.9: not in the series yet"
