@@ -8,8 +8,8 @@ what each one is, and the runner writes it beside the difference:
 - ``Regression(item, why)``: the patch breaks something the specification keeps; ``item`` is the patch item
   (``patch/items/``) whose edit reads as the cause.
 
-A key is a test id as the runner writes it (``tests_pytorch.<module>::<test>[<parameters>]``), or the id without its
-parameters, which stands for every parametrisation of that test. A difference no entry names stays
+A key is a test id as the runner writes it (``tests.tests_pytorch.<module>::<test>[<parameters>]``), or the id
+without its parameters, which stands for every parametrisation of that test. A difference no entry names stays
 ``"unclassified"``; an entry that names no difference is stale and is reported, so the list keeps to what the last
 run measured. To apply an edited list to a committed report without running the tests again:
 
@@ -42,7 +42,29 @@ class Regression:
 
 Classification = Deliberate | Regression
 
-CLASSIFIED: dict[str, Classification] = {}
+_TESTS = "tests.tests_pytorch."
+CLASSIFIED: dict[str, Classification] = {
+    # Lightning's own tests of the flavour, which assert what stock Lightning does and the RFC changes.
+    f"{_TESTS}loops.test_fetchers::test_fetching_dataloader_iter_opt[False]": Deliberate(
+        "C6", "asserts batch progress counts the step's calls (32) where the step consumed 64 batches"),
+    f"{_TESTS}loops.test_fetchers::test_fetching_dataloader_iter_opt[True]": Deliberate(
+        "C10", "asserts `self.log` without `batch_size=` raises; the loop now infers it from the consumed batches"),
+    f"{_TESTS}loops.test_fetchers::test_step_methods_with_dataloader_iter": Deliberate(
+        "C17", "counts the step's entries: each loop over a dataloader adds a drain call after its last batch, "
+        "whose `next()` raises `StopIteration`"),
+    f"{_TESTS}loops.test_fetchers::test_stop_iteration_with_dataloader_iter[True]": Deliberate(
+        "C14", "the step raises its own `StopIteration` while `dataloader_iter` has batches left; case (f) makes "
+        "that an error instead of an epoch cut short"),
+    f"{_TESTS}loops.test_training_epoch_loop::test_training_loop_dataloader_iter_multiple_dataloaders": Deliberate(
+        "C8", "asserts `on_train_batch_start` gets the previous call's batch (`None` first); it now gets the batch "
+        "the step will receive"),
+    f"{_TESTS}loops.test_evaluation_loop::test_evaluation_loop_dataloader_iter_multiple_dataloaders": Deliberate(
+        "C15", "asserts `on_validation_batch_start` gets the previous call's batch (`None` first); it now gets the "
+        "batch the call receives first"),
+    f"{_TESTS}loops.test_prediction_loop::test_prediction_loop_with_iterable_dataset": Deliberate(
+        "C15", "asserts `on_predict_batch_start` gets the previous call's batch (`None` first); it now gets the "
+        "batch the call receives first"),
+}
 
 
 def entry_for(test_id: str, classified: dict[str, Classification]) -> tuple[str, Classification] | None:

@@ -581,11 +581,11 @@ def lightning_tests_results() -> dict:
                    "counts": {"collected": 12, "ran": 10, "passed": passed, "failed": 10 - passed, "error": 0,
                               "skipped": 2, "xfailed": 0}} for name, passed in (("stock", 9), ("patched", 6))}
     differences = [
-        {"test": "tests_pytorch.loops.test_progress::test_counts[2]", "stock": "passed", "patched": "failed",
+        {"test": "tests.tests_pytorch.loops.test_progress::test_counts[2]", "stock": "passed", "patched": "failed",
          "classification": "deliberate", "clause": "C6", "why": "asserts one batch per step call"},
-        {"test": "tests_pytorch.tuner.test_lr_finder::test_finder", "stock": "passed", "patched": "error",
+        {"test": "tests.tests_pytorch.tuner.test_lr_finder::test_finder", "stock": "passed", "patched": "error",
          "classification": "regression", "item": 12, "why": "the finder's | step"},
-        {"test": "tests_pytorch.trainer.test_new::test_x", "stock": "passed", "patched": "failed",
+        {"test": "tests.tests_pytorch.trainer.test_new::test_x", "stock": "passed", "patched": "failed",
          "classification": "unclassified"},
     ]
     return {"schema": 1, "checkout": {"path": "/lightning", "commit": "be98784a1a03581b7051"},

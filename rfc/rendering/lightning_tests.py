@@ -21,6 +21,7 @@ COMMAND = (
 )
 COUNTS = ("ran", "passed", "failed", "error", "skipped", "xfailed")
 RUNS = ("stock", "patched")
+TEST_PREFIX = "tests.tests_pytorch."  # every test id starts so (the runner's pytest root is the copied tests/)
 
 
 def _what_it_is(difference: dict[str, Any]) -> str:
@@ -65,7 +66,7 @@ def _versions(runs: dict[str, Any]) -> str:
 
 
 def _differences_table(differences: list[dict[str, Any]]) -> str:
-    rows = [[code(d["test"].removeprefix("tests_pytorch.")), d["stock"], d["patched"], _what_it_is(d),
+    rows = [[code(d["test"].removeprefix(TEST_PREFIX)), d["stock"], d["patched"], _what_it_is(d),
              cell(d.get("why", ""))] for d in differences]
     return table(["Test", "stock", "patched", "classification", "why"], rows)
 
