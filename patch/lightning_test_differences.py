@@ -48,10 +48,11 @@ CLASSIFIED: dict[str, Classification] = {
     f"{_TESTS}loops.test_fetchers::test_fetching_dataloader_iter_opt[False]": Deliberate(
         "C6", "asserts batch progress counts the step's calls (32) where the step consumed 64 batches"),
     f"{_TESTS}loops.test_fetchers::test_fetching_dataloader_iter_opt[True]": Deliberate(
-        "C10", "asserts `self.log` without `batch_size=` raises; the loop now infers it from the consumed batches"),
+        "C10", "asserts `self.log` without `batch_size=` raises; the loop now infers it from the consumed batches "
+        "(the test's progress count would differ next, C6)"),
     f"{_TESTS}loops.test_fetchers::test_step_methods_with_dataloader_iter": Deliberate(
-        "C17", "counts the step's entries: each loop over a dataloader adds a drain call after its last batch, "
-        "whose `next()` raises `StopIteration`"),
+        "C17", "counts the step's entries: training, the sanity check, validation and test each enter the step "
+        "once more, a drain call whose `next()` raises `StopIteration`; the batches fetched are as asserted"),
     f"{_TESTS}loops.test_fetchers::test_stop_iteration_with_dataloader_iter[True]": Deliberate(
         "C14", "the step raises its own `StopIteration` while `dataloader_iter` has batches left; case (f) makes "
         "that an error instead of an epoch cut short"),
