@@ -5,7 +5,8 @@ run is the standalone ``pytorch_lightning`` (with ``lightning_fabric``). As Ligh
 package, the test tree is copied into a temporary directory with those imports rewritten, and pytest runs there, one
 process per selected test directory, with each interpreter given: the stock environment and, when given, the patched
 one. Per-test outcomes come from pytest's junit XML; the JSON written holds the versions, the checkout's commit, the
-counts of each run and every test whose outcome differs between the two runs.
+counts of each run and every test whose outcome differs between the two runs, classified by
+``patch.lightning_test_differences``.
 
     python -m patch.lightning_tests --checkout PATH [--commit SHA] [--python STOCK_PY] [--patched-python PATCHED_PY]
         [--out rfc/results/lightning-tests.json] [--select loops trainer ...] [--timeout 120]
@@ -26,6 +27,8 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from patch.lightning_test_differences import classify_report
 
 # Lightning's packages as the repository's tests import them -> as the standalone PyPI packages name them.
 IMPORT_MAPPING = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lightning_fabric"))
@@ -332,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         for python in interpreters.values():
             install_test_requirements(python, args.checkout, args.requirements)
     report: dict = {
+        "schema": 1,
         "checkout": {"path": str(args.checkout), "commit": checkout_commit(args.checkout, args.commit)},
         "selection": args.select,
         "per_test_timeout_s": args.timeout,
@@ -351,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         patched = runs["patched"]["outcomes"]
         report["passed_on_both"] = passed_on_both(stock, patched)
         report["differences"] = diff_outcomes(stock, patched)
+        for key in classify_report(report):
+            print(f"stale: {key} names no difference: remove it from patch.lightning_test_differences", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({label: run["counts"] for label, run in report["runs"].items()}), flush=True)

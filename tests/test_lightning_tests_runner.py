@@ -1,10 +1,13 @@
 """The pure parts of ``patch.lightning_tests``: the import rewrite, the junit parse, the diff of two runs, and which
 test requirements it would install. No Lightning checkout and no network."""
 
+import copy
+import json
 from pathlib import Path
 
 import pytest
 
+from patch.lightning_test_differences import Deliberate, Regression, classify, classify_report
 from patch.lightning_tests import (
     Outcome,
     copy_rewritten,
@@ -163,3 +166,40 @@ def test_legacy_versions_without_a_checkpoint_file_are_set_apart(tmp_path: Path)
     (tmp_path / "1.0.0" / "epoch=3-step=100.ckpt").write_bytes(b"")
     (tmp_path / "1.1.0").mkdir()  # a folder holding no checkpoint, as the repository's own `.gitkeep` leaves it
     assert versions_with_checkpoints(["1.0.0", "1.1.0", "2.6.1"], tmp_path) == (["1.0.0"], ["1.1.0", "2.6.1"])
+
+
+def test_classification_names_the_clause_or_the_item_and_leaves_the_rest_unclassified():
+    classified = {
+        "t.loops::test_progress": Deliberate("C6", "asserts one batch per step call"),
+        "t.tuner::test_finder[2]": Regression(12, "records each rate twice"),
+        "t.gone::test_old": Deliberate("C8", "no longer differs"),
+    }
+    differences = [
+        {"test": "t.loops::test_progress[sized-1]", "stock": "passed", "patched": "failed",
+         "classification": "unclassified"},
+        {"test": "t.tuner::test_finder[2]", "stock": "passed", "patched": "error", "classification": "unclassified"},
+        {"test": "t.tuner::test_finder[3]", "stock": "passed", "patched": "error", "classification": "unclassified"},
+    ]
+    report = {"differences": differences}
+    assert classify_report(report, classified) == ["t.gone::test_old"]
+    assert differences == [
+        {"test": "t.loops::test_progress[sized-1]", "stock": "passed", "patched": "failed",
+         "classification": "deliberate", "clause": "C6", "why": "asserts one batch per step call"},
+        {"test": "t.tuner::test_finder[2]", "stock": "passed", "patched": "error",
+         "classification": "regression", "item": 12, "why": "records each rate twice"},
+        {"test": "t.tuner::test_finder[3]", "stock": "passed", "patched": "error", "classification": "unclassified"},
+    ]
+    assert report["classifications_without_a_difference"] == ["t.gone::test_old"]
+    assert classify(differences, {}) == [] and {d["classification"] for d in differences} == {"unclassified"}
+    assert "why" not in differences[0]  # a classification taken back leaves nothing of it behind
+
+
+def test_the_committed_report_classifies_every_difference_as_the_declared_list_does():
+    committed = Path(__file__).resolve().parent.parent / "rfc" / "results" / "lightning-tests.json"
+    if not committed.is_file():
+        pytest.skip("no committed report: python -m patch.lightning_tests writes rfc/results/lightning-tests.json")
+    report = json.loads(committed.read_text(encoding="utf-8"))
+    reclassified = copy.deepcopy(report)
+    assert classify_report(reclassified) == [], "stale entries: python -m patch.lightning_test_differences"
+    assert reclassified == report, "not classified as declared: run python -m patch.lightning_test_differences"
+    assert all(d["classification"] != "unclassified" for d in report.get("differences", []))

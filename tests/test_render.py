@@ -590,3 +590,41 @@ def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(r
     assert "`batch_processor` meets 1 of 2 clauses in every variant (not C14)" in text and "C14 ×2" in text
     assert "passes 0 of 2 (and records 2 expected failures) tests of C5, C14, C17" in text
     assert "and 1 of 1 C19 runs" in text
+
+
+def lightning_tests_results() -> dict:
+    runs = {name: {"python": f"/venv-{name}/bin/python", "wall_s": 1800.0,
+                   "versions": {"python": "3.11", "torch": "2.x", "pytorch_lightning": "2.6.6"},
+                   "counts": {"collected": 12, "ran": 10, "passed": passed, "failed": 10 - passed, "error": 0,
+                              "skipped": 2, "xfailed": 0}} for name, passed in (("stock", 9), ("patched", 6))}
+    differences = [
+        {"test": "tests.tests_pytorch.loops.test_progress::test_counts[2]", "stock": "passed", "patched": "failed",
+         "classification": "deliberate", "clause": "C6", "why": "asserts one batch per step call"},
+        {"test": "tests.tests_pytorch.tuner.test_lr_finder::test_finder", "stock": "passed", "patched": "error",
+         "classification": "regression", "item": 12, "why": "the finder's | step"},
+        {"test": "tests.tests_pytorch.trainer.test_new::test_x", "stock": "passed", "patched": "failed",
+         "classification": "unclassified"},
+    ]
+    return {"schema": 1, "checkout": {"path": "/lightning", "commit": "be98784a1a03581b7051"},
+            "selection": ["loops", "tuner"], "runs": runs, "tests_run": 10, "passed_on_both": 6,
+            "differences": differences, "classifications_without_a_difference": ["tests_pytorch.gone::test_old"]}
+
+
+def test_lightning_tests_block_shows_both_runs_and_every_difference_with_its_classification(rfc):
+    (rfc / "page.md").write_text("<!-- BEGIN GENERATED: lightning-tests -->\n<!-- END GENERATED: lightning-tests -->\n")
+    assert run(rfc).returncode == 0
+    assert "No results of Lightning's own tests yet:** run `python -m patch.lightning_tests" in (
+        rfc / "page.md").read_text()
+    (rfc / "results" / "lightning-tests.json").write_text(json.dumps(lightning_tests_results()))
+    assert run(rfc, "--check").returncode == 1
+    assert run(rfc).returncode == 0
+    text = (rfc / "page.md").read_text()
+    assert ("commit `be98784a1a03`, directories `loops`, `tuner`) ran 10 tests on stock pytorch-lightning; "
+            "**6 passed on both** builds and **3 differ**: 1 deliberate") in text
+    assert "1 regressions, 1 not yet classified." in text
+    assert "| passed | 9 | 6 |" in text and "| wall time (min) | 30 | 30 |" in text
+    assert "| `loops.test_progress::test_counts[2]` | passed | failed | deliberate (C6) | asserts one batch" in text
+    assert "| error | **regression** (item 12) | the finder's \\| step |" in text
+    assert "| `trainer.test_new::test_x` | passed | failed | **unclassified** |  |" in text
+    assert "**Stale classifications:** `tests_pytorch.gone::test_old`" in text
+    assert run(rfc, "--check").returncode == 0

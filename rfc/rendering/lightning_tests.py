@@ -1,0 +1,92 @@
+"""Lightning's own tests on stock pytorch-lightning and on the patched build (``rfc/results/lightning-tests.json``).
+
+``python -m patch.lightning_tests`` writes the file: per run (``stock``, ``patched``) its versions and counts, the
+tests passed on both, and every test whose outcome differs, classified by ``patch.lightning_test_differences`` as a
+change the specification makes on purpose (its clause), a regression (the patch item read as its cause), or not yet
+classified. The block shows the counts side by side and every difference with its classification.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rendering.markdown import cell, code, no_results, table
+from rendering.results import Inputs, load_json
+
+RESULTS_FILE = "lightning-tests.json"
+COMMAND = (
+    "python -m patch.lightning_tests --checkout LIGHTNING --python STOCK_PY --patched-python PATCHED_PY "
+    "--install-test-requirements"
+)
+COUNTS = ("ran", "passed", "failed", "error", "skipped", "xfailed")
+RUNS = ("stock", "patched")
+TEST_PREFIX = "tests.tests_pytorch."  # every test id starts so (the runner's pytest root is the copied tests/)
+
+
+def _what_it_is(difference: dict[str, Any]) -> str:
+    kind = difference.get("classification", "unclassified")
+    if kind == "deliberate":
+        return f"deliberate ({difference['clause']})"
+    if kind == "regression":
+        return f"**regression** (item {difference['item']})"
+    return "**unclassified**"
+
+
+def _summary(results: dict[str, Any]) -> str:
+    checkout = results.get("checkout") or {}
+    selection = ", ".join(code(directory) for directory in results.get("selection") or [])
+    differences = results.get("differences") or []
+    kinds = {kind: sum(d.get("classification") == kind for d in differences)
+             for kind in ("deliberate", "regression", "unclassified")}
+    return (
+        f"Lightning's own tests (`tests/tests_pytorch` at commit {code(str(checkout.get('commit', ''))[:12])}, "
+        f"directories {selection}) ran {results['tests_run']} tests on stock pytorch-lightning; "
+        f"**{results.get('passed_on_both', 0)} passed on both** builds and **{len(differences)} differ**: "
+        f"{kinds['deliberate']} deliberate (the specification changes what they assert), "
+        f"{kinds['regression']} regressions, {kinds['unclassified']} not yet classified."
+    )
+
+
+def _counts_table(runs: dict[str, Any]) -> str:
+    present = [name for name in RUNS if name in runs]
+    rows = [[count] + [str(runs[name]["counts"].get(count, 0)) for name in present] for count in COUNTS]
+    rows.append(["wall time (min)"] + [f"{runs[name]['wall_s'] / 60:.0f}" for name in present])
+    return table(["tests", *present], rows, ["---"] + ["---:"] * len(present))
+
+
+def _versions(runs: dict[str, Any]) -> str:
+    parts = []
+    for name in RUNS:
+        if name in runs:
+            versions = runs[name].get("versions") or {}
+            parts.append(f"{name}: Python {versions.get('python')}, torch {versions.get('torch')}, "
+                         f"pytorch-lightning {versions.get('pytorch_lightning')}")
+    return "*Runs:* " + "; ".join(parts) + "."
+
+
+def _differences_table(differences: list[dict[str, Any]]) -> str:
+    rows = [[code(d["test"].removeprefix(TEST_PREFIX)), d["stock"], d["patched"], _what_it_is(d),
+             cell(d.get("why", ""))] for d in differences]
+    return table(["Test", "stock", "patched", "classification", "why"], rows)
+
+
+def lightning_tests_block(results: dict[str, Any] | None) -> str:
+    """The block's Markdown: a summary line, the counts per run, the versions, and every difference."""
+    if not results or "runs" not in results:
+        return no_results("results of Lightning's own tests", COMMAND)
+    parts = [_summary(results), _counts_table(results["runs"]), _versions(results["runs"])]
+    stale = results.get("classifications_without_a_difference") or []
+    if stale:
+        parts.append("> **Stale classifications:** " + ", ".join(code(key) for key in stale)
+                     + " name no difference of this run.")
+    differences = results.get("differences") or []
+    if differences:
+        parts.append(_differences_table(differences))
+    return "\n\n".join(parts)
+
+
+def block_lightning_tests(inputs: Inputs, page_dir: Path) -> str:
+    """Lightning's own tests on stock and on the patched build, every difference classified."""
+    path = inputs.results_dir / RESULTS_FILE
+    return lightning_tests_block(load_json(path) if path.is_file() else None)
