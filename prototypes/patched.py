@@ -79,15 +79,16 @@ def _patched_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0) -> pl
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
+    if depth == 0:  # what ships: a plain Trainer, the patched package's defaults
+        return pl.Trainer(**trainer_kwargs)
     # the patch's fetcher options, as the run's resources hold them: only the patched package has the module
     from pytorch_lightning.loops._dataloader_iter.options import Options, RunResources
 
     options = Options(depth)  # refuses a depth it cannot run, before a Trainer is made
     trainer = pl.Trainer(**trainer_kwargs)
-    if options != Options():
-        # Why a private attribute: how a user opts in to the prefetch thread is a question the RFC leaves to review;
-        # what ships is the default (no thread)
-        trainer._dataloader_iter_resources = RunResources(options)
+    # Why a private attribute: how a user opts in to the prefetch thread is a question the RFC leaves to review;
+    # what ships is the default (no thread)
+    trainer._dataloader_iter_resources = RunResources(options)
     return trainer
 
 

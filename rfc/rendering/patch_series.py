@@ -26,12 +26,12 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
         f" above, in its order; {len(with_edits)} edit Lightning's code, adding {added} lines and removing {removed}"
         f" in {len(files)} files (`{COMMAND}`; `--layout repository` writes it for `src/lightning/pytorch/`).",
         "",
-        "| Item | Patch | Code here | Lightning's lines (+/−) |",
-        "| --- | --- | --- | --- |",
+        "| Item | Code here | Lightning's lines (+/−) |",
+        "| --- | --- | --- |",
     ]
     for item in items:
         where = code(item["code"]) if item["code"] else f"no edits of its own: {item['part']}"
-        lines.append(f"| {item['number']} | {cell(item['title'])} | {where} | +{item['added']} −{item['removed']} |")
+        lines.append(f"| {item['number']} | {where} | +{item['added']} −{item['removed']} |")
     lines += ["", "What a user of today's flavour notices, patch by patch (each patch's message):", ""]
     for item in items:
         lines.append(f"- **{item['number']}. {cell(item['title'])}.** {' '.join(item['why'].split())}")
