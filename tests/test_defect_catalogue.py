@@ -108,8 +108,11 @@ def main(argv: list[str]) -> int:
     run_now = {r["name"] for r in records.records}
     kept = json.loads(path.read_text()) if path.is_file() else {}
     earlier = [r for r in kept.get("defects", []) if r["name"] not in run_now]
+    # the setup is the catalogue's run's; a run of the reverted patch hunks alone adds its records to it
+    catalogue_ran = any(r["name"] in {d.name for d in CATALOGUE} for r in records.records)
+    setup = harness_common.conformance_setup() if catalogue_ran or "setup" not in kept else kept["setup"]
     payload = dict(
-        schema=1, setup=kept.get("setup") or harness_common.conformance_setup(), clauses=plugin.CLAUSES,
+        schema=1, setup=setup, clauses=plugin.CLAUSES,
         defects=sorted([*earlier, *records.records], key=lambda r: order[r["name"]]),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
