@@ -623,8 +623,9 @@ def test_lightning_tests_block_shows_both_runs_and_every_difference_with_its_cla
             "**6 passed on both** builds and **3 differ**: 1 deliberate") in text
     assert "1 regressions, 1 not yet classified." in text
     assert "| passed | 9 | 6 |" in text and "| wall time (min) | 30 | 30 |" in text
-    assert "| `loops.test_progress::test_counts[2]` | passed | failed | deliberate (C6) | asserts one batch" in text
-    assert "| error | **regression** (item 12) | the finder's \\| step |" in text
-    assert "| `trainer.test_new::test_x` | passed | failed | **unclassified** |  |" in text
+    assert ("- `loops.test_progress::test_counts[2]`: passed on stock, failed patched; deliberate (C6): asserts one"
+            " batch") in text
+    assert "error patched; **regression** (item 12): the finder's \\| step" in text
+    assert "- `trainer.test_new::test_x`: passed on stock, failed patched; **unclassified**:" in text
     assert "**Stale classifications:** `tests_pytorch.gone::test_old`" in text
     assert run(rfc, "--check").returncode == 0

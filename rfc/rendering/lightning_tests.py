@@ -65,10 +65,13 @@ def _versions(runs: dict[str, Any]) -> str:
     return "*Runs:* " + "; ".join(parts) + "."
 
 
-def _differences_table(differences: list[dict[str, Any]]) -> str:
-    rows = [[code(d["test"].removeprefix(TEST_PREFIX)), d["stock"], d["patched"], _what_it_is(d),
-             cell(d.get("why", ""))] for d in differences]
-    return table(["Test", "stock", "patched", "classification", "why"], rows)
+def _differences_list(differences: list[dict[str, Any]]) -> str:
+    """One line per difference (a list, not a table: test ids do not wrap, and the page has a fixed width)."""
+    return "\n".join(
+        f"- {code(d['test'].removeprefix(TEST_PREFIX))}: {d['stock']} on stock, {d['patched']} patched;"
+        f" {_what_it_is(d)}: {cell(d.get('why', ''))}"
+        for d in differences
+    )
 
 
 def lightning_tests_block(results: dict[str, Any] | None) -> str:
@@ -82,7 +85,7 @@ def lightning_tests_block(results: dict[str, Any] | None) -> str:
                      + " name no difference of this run.")
     differences = results.get("differences") or []
     if differences:
-        parts.append(_differences_table(differences))
+        parts.append(_differences_list(differences))
     return "\n\n".join(parts)
 
 
