@@ -8,8 +8,10 @@ with pytester, and fails if they all pass (a defect the suite misses). Write the
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
+import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,22 @@ def test_the_catalogue_covers_every_clause_with_named_defects():
     per_clause = Counter(d.clause for d in CATALOGUE)
     assert set(per_clause) == set(plugin.CLAUSES), f"clauses without a defect: {set(plugin.CLAUSES) - set(per_clause)}"
     assert all(test.startswith(f"test_c{int(d.clause[1:]):02d}_") for d in CATALOGUE for test in d.tests)
+
+
+def test_no_conformance_module_binds_a_function_a_defect_replaces():
+    # A defect replaces a module's function; a test module that imported it by name keeps the original wherever the
+    # test module was imported before the defect (the default suite imports every conformance module first)
+    replaced = {(owner.__name__, name) for owner, name in (d.patches for d in (*CATALOGUE, *PATCH_HUNK_DEFECTS))
+                if isinstance(owner, types.ModuleType)}
+    bound = sorted(
+        f"{path.relative_to(SUITE)}: from {node.module} import {alias.name}"
+        for path in SUITE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if (node.module, alias.name) in replaced
+    )
+    assert not bound, f"import the module and call through it instead: {bound}"
 
 
 class _Records:
