@@ -47,6 +47,12 @@ def test_an_item_pointer_ends_with_its_patch_or_says_it_is_not_in_the_series(tmp
     inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)], part="the first half"),
                          item(2, "patch/items/two.py", [(f"f{n}.py", 1, 0) for n in range(4)]))
     assert code_pointers._in_the_patch(inputs, 1) == (
-        "; the patch to Lightning 9.9.9, so far the first half: `patch/items/one.py` (`loops/a.py` +3 −1)")
+        "the patch to Lightning 9.9.9, so far the first half: `patch/items/one.py` (`loops/a.py` +3 −1)")
     assert code_pointers._in_the_patch(inputs, 2).endswith("(+4 −0 lines in 4 files)")
-    assert code_pointers._in_the_patch(inputs, 3) == "; the patch to Lightning 9.9.9: not in the series yet"
+    assert code_pointers._in_the_patch(inputs, 3) == "the patch to Lightning 9.9.9: not in the series yet"
+
+
+def test_an_item_without_prototype_code_points_at_its_patch_alone(tmp_path):
+    inputs = inputs_with(tmp_path, item(14, "patch/items/fourteen.py", [("callbacks/c.py", 5, 1)]))
+    block = code_pointers.block_code_item(14)(inputs, tmp_path)
+    assert block == "the patch to Lightning 9.9.9: `patch/items/fourteen.py` (`callbacks/c.py` +5 −1)"

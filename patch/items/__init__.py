@@ -49,15 +49,16 @@ def _items() -> tuple[Item, ...]:
         prediction_writer,
         progress,
         stepping_batches,
+        throughput,
         vote,
     )
 
     modules = (
         progress, look_ahead, draining, accumulation, checkpoints, evaluation, vote, log_batch_size, misuse, lr_finder,
-        stepping_batches, prediction_writer,
+        stepping_batches, throughput, prediction_writer,
     )
     notes = no_edits_of_their_own
-    items = [module.ITEM for module in modules] + [notes.TRANSFER, notes.LIMITS, notes.THROUGHPUT, notes.TRAINER_OBJECT]
+    items = [module.ITEM for module in modules] + [notes.TRANSFER, notes.LIMITS, notes.TRAINER_OBJECT]
     return tuple(sorted(items, key=lambda item: item.number))
 
 

@@ -25,17 +25,6 @@ their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next
 """,
 )
 
-THROUGHPUT = Item(
-    14,
-    "ThroughputMonitor learns about every batch a step took",
-    part="not written yet",
-    why="""
-Not in this series yet: `ThroughputMonitor` adds one batch and `batch_size_fn` of `on_train_batch_end`'s batch per
-step call, which with several batches per call is the call's last one. The counts it needs are items 1 and 9; how the
-monitor reads them (a public `step_batches` on the training loop, or the hook's arguments) is a question for review.
-""",
-)
-
 TRAINER_OBJECT = Item(
     16,
     "Every loop change leaves the Trainer an object Lightning and its users can copy",

@@ -190,7 +190,9 @@ def block_code_item(number: int):
     def block(inputs: Inputs, page_dir: Path) -> str:
         tags, _ = read_tags(code_dir(inputs))
         tagged = sorted((t for t in tags if t.item == number), key=lambda t: (t.module.count("."), t.module, t.line))
-        return ", ".join(dict.fromkeys(code(tag.pointer) for tag in tagged)) + _in_the_patch(inputs, number)
+        pointers = ", ".join(dict.fromkeys(code(tag.pointer) for tag in tagged))
+        # an item only Lightning can make (no prototype code) may still be made by the patch
+        return "; ".join(part for part in (pointers, _in_the_patch(inputs, number)) if part)
 
     return block
 
@@ -207,13 +209,13 @@ def _in_the_patch(inputs: Inputs, number: int) -> str:
     summary = load_json(path)
     item = next((item for item in summary["items"] if item["number"] == number), None)
     if item is None:
-        return f"; the patch to Lightning {summary['release']}: not in the series yet"
+        return f"the patch to Lightning {summary['release']}: not in the series yet"
     if item["code"] is None:
-        return f"; the patch to Lightning {summary['release']}: no edits of its own, {item['part']}"
+        return f"the patch to Lightning {summary['release']}: no edits of its own, {item['part']}"
     files = (
         ", ".join(f"{code(f['path'])} +{f['added']} \u2212{f['removed']}" for f in item["files"])
         if len(item["files"]) <= 3
         else f"+{item['added']} \u2212{item['removed']} lines in {len(item['files'])} files"
     )
     part = f", so far {item['part']}" if item.get("part") else ""
-    return f"; the patch to Lightning {summary['release']}{part}: {code(item['code'])} ({files})"
+    return f"the patch to Lightning {summary['release']}{part}: {code(item['code'])} ({files})"
