@@ -6,6 +6,7 @@ only where the patched package is installed (``python -m patch.environment``), a
 
 from __future__ import annotations
 
+from pytorch_lightning.callbacks.throughput_monitor import ThroughputMonitor
 from pytorch_lightning.core.module import LightningModule
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
@@ -19,8 +20,8 @@ def _as_released(owner: type, name: str):
     return lambda _patched: released_method(owner, name)
 
 
-C07, C09, C10, C11, C14 = (
-    f"test_c{n}.py::" for n in ("07_limits", "09_optimisation", "10_logging", "11_resume", "14_misuse")
+C07, C09, C10, C11, C14, C18 = (
+    f"test_c{n}.py::" for n in ("07_limits", "09_optimisation", "10_logging", "11_resume", "14_misuse", "18_features")
 )
 SIZED = "sized and not unsized"
 
@@ -51,4 +52,9 @@ PATCH_HUNK_DEFECTS = [
            "suppresses every StopIteration of a manual step (item 10's hunk in `_ManualOptimization.run` undone)",
            (_ManualOptimization, "run"), _as_released(_ManualOptimization, "run"),
            (C14 + "test_stop_iteration_not_from_the_iterator_is_an_error_under_manual_optimisation",)),
+    Defect("patch_item_14_throughput_of_the_last_batch", "C18", "patched",
+           "counts one batch per step call in `ThroughputMonitor`, the call's last (item 14's hunk in"
+           " `on_train_batch_end` undone)",
+           (ThroughputMonitor, "on_train_batch_end"), _as_released(ThroughputMonitor, "on_train_batch_end"),
+           (C18 + "test_throughput_monitor_counts_every_batch_and_sample",)),
 ]
