@@ -176,6 +176,24 @@ def test_expected_failures_sharing_a_reason_are_one_item_per_clause(rfc):
     assert "- only the deeper variant<br><small>`test_c1.py::test_0` (in `beta[depth=2]`)</small>" in matrix
 
 
+def test_another_environments_conformance_run_joins_the_matrix_with_its_own_setup(rfc):
+    gamma = conformance()
+    gamma["setup"] = _setup(pytorch_lightning="2.6.x patched")
+    gamma["results"] = [dict(r, design="gamma", variant="gamma") for r in gamma["results"] if r["design"] == "alpha"]
+    gamma["designs"] = {"gamma": {"summary": "the gamma design"}}
+    (rfc / "results" / "conformance-gammas.json").write_text(json.dumps(gamma))
+    assert run(rfc).returncode == 0
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "| `gamma` |" in matrix and "| `alpha` |" in matrix
+    assert "*Setup (conformance.json):*" in matrix and "pytorch-lightning 2.6.x patched" in matrix
+    assert "*Setup (conformance-gammas.json):*" in matrix
+    # a design in two results files would count twice: refused, naming the file
+    gamma["results"][0]["design"] = "alpha"
+    (rfc / "results" / "conformance-gammas.json").write_text(json.dumps(gamma))
+    result = run(rfc)
+    assert result.returncode == 2 and "conformance-gammas.json: designs ['alpha']" in result.stderr
+
+
 def test_a_page_shows_each_setup_line_once(rfc):
     run(rfc)
     matrix = (rfc / "generated" / "matrix.md").read_text()

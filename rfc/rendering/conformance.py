@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from rendering.markdown import cell, code, no_results, relative_link, setup_line, slugify, table
+from rendering.markdown import cell, code, conformance_setup, no_results, relative_link, slugify, table
 from rendering.results import CONFORMANCE_COMMAND, FAIL, OUTCOME_KIND, PASS, SKIP, XFAIL, Inputs
 
 MATRIX_PAGE = "matrix.md"  # the generated page (in the output directory) that holds the matrix and the reasons
@@ -96,7 +96,7 @@ def block_matrix(inputs: Inputs, page_dir: Path) -> str:
         return no_results("conformance results", CONFORMANCE_COMMAND)
     clauses, ordered, counts, design_of, variants = conformance_parts(data)
     if not variants:
-        return setup_line(data["setup"], "conformance.json") + "\n\nThe results file holds no test outcomes."
+        return conformance_setup(data) + "\n\nThe results file holds no test outcomes."
     specification = inputs.rfc_dir / "specification.md"
     anchors = clause_anchors(specification)
     spec_link = relative_link(specification, page_dir)
@@ -126,7 +126,7 @@ def block_matrix(inputs: Inputs, page_dir: Path) -> str:
     )
     key = "Clauses: " + " · ".join(f"**{c}** {cell(clauses[c])}".strip() for c in ordered)
     grid = table(headers, rows, ["---"] + [":---:"] * (len(ordered) + 1))
-    return "\n\n".join([setup_line(data["setup"], "conformance.json"),
+    return "\n\n".join([conformance_setup(data),
                          f'<div class="conformance-matrix" markdown>\n\n{grid}\n\n</div>', legend, key])
 
 
@@ -171,9 +171,9 @@ def _per_design(inputs: Inputs, kinds: set[str], empty: str, render) -> str:
         return no_results("conformance results", CONFORMANCE_COMMAND)
     groups = _outcome_groups(data, kinds)
     if not groups:
-        return setup_line(data["setup"], "conformance.json") + "\n\n" + empty
+        return conformance_setup(data) + "\n\n" + empty
     clauses, _, _, design_of, variants = conformance_parts(data)
-    out = [setup_line(data["setup"], "conformance.json")]
+    out = [conformance_setup(data)]
     for design in dict.fromkeys(design_of[v] for v in variants):
         mine = {k: v for k, v in groups.items() if k[0] == design}
         if mine:
@@ -231,12 +231,12 @@ def block_designs(inputs: Inputs, page_dir: Path) -> str:
     _, _, _, design_of, variants = conformance_parts(data)
     names = list(dict.fromkeys([*summaries, *design_of.values()]))
     if not names:
-        return setup_line(data["setup"], "conformance.json") + "\n\nNo designs in the results file."
+        return conformance_setup(data) + "\n\nNo designs in the results file."
     rows = []
     for name in names:
         mine = [v for v in variants if design_of[v] == name]
         rows.append([code(name), cell(summaries.get(name, "")) or "–", ", ".join(code(v) for v in mine) or "not run"])
-    return setup_line(data["setup"], "conformance.json") + "\n\n" + table(
+    return conformance_setup(data) + "\n\n" + table(
         ["Design", "Summary (from the registry)", "Variants the suite ran"], rows)
 
 
@@ -255,5 +255,5 @@ def block_clause_tests(inputs: Inputs, page_dir: Path) -> str:
         [clause, cell(titles.get(clause, "")), "<br>".join(f"{code(test)} ({n})" for test, n in sorted(tests.items()))]
         for clause, tests in sorted(cases.items(), key=lambda kv: int(kv[0][1:]))
     ]
-    return setup_line(data["setup"], "conformance.json") + "\n\n" + table(
+    return conformance_setup(data) + "\n\n" + table(
         ["Clause", "Title", "Tests (cases per design variant)"], rows)

@@ -98,6 +98,12 @@ def setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> s
     return line
 
 
+def conformance_setup(data: dict[str, Any]) -> str:
+    """The setup line of each conformance results file the render merged (``conformance.json`` first)."""
+    setups = data.get("setups") or {"conformance.json": data["setup"]}
+    return "\n\n".join(setup_line(setup, source) for source, setup in setups.items())
+
+
 def bench_setup(data: dict[str, Any], kind: str) -> str:
     notes = data.get("notes") or {}
     mode = notes.get("mode") if isinstance(notes.get("mode"), str) else None

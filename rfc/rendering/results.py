@@ -2,6 +2,9 @@
 
 * ``conformance.json``:
   ``{"schema": 1, "setup": {...}, "results": [{"design", "test_id", ...}], "clauses"?, "designs"?}``
+* ``conformance-<environment>.json``: the same, for designs that run only in an environment of their own (the
+  ``patched`` design, in the patched Lightning's); merged into the conformance results, each file keeping its setup
+  (``setups``: file name -> setup)
 * ``benchmarks-<kind>.json``: ``{"schema": 1, "setup"?: {...}, "scenarios": {name: [row, ...]}, "targets"?, "notes"?}``
 """
 
@@ -13,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 CONFORMANCE_FILE = "conformance.json"
+CONFORMANCE_ENVIRONMENT_GLOB = "conformance-*.json"
 BENCHMARK_GLOB = "benchmarks-*.json"
 CONFORMANCE_COMMAND = "pytest tests/conformance --results rfc/results/conformance.json"
 BENCHMARK_COMMAND = "pytest --benchmark-only"  # writes rfc/results/benchmarks-<BENCHMARKS_MACHINE_KIND or python>.json
@@ -92,12 +96,27 @@ def _validate_benchmarks(data: dict[str, Any], path: Path) -> None:
                  f"target {scenario!r} must be an object whose 'results' is a list of objects")
 
 
+def _merge_conformance(into: dict[str, Any], data: dict[str, Any], path: Path) -> None:
+    """Add another environment's conformance run: its designs must be its own (a design run in two environments
+    would count twice)."""
+    _validate_conformance(data, path)
+    theirs, ours = {r["design"] for r in data["results"]}, {r["design"] for r in into["results"]}
+    _require(not theirs & ours, path, f"designs {sorted(theirs & ours)} are in {CONFORMANCE_FILE} too: keep each "
+             "design's run in one results file")
+    into["results"] = into["results"] + data["results"]
+    into["designs"] = {**(into.get("designs") or {}), **(data.get("designs") or {})}
+    into["setups"][path.name] = data["setup"]
+
+
 def load_inputs(rfc_dir: Path, results_dir: Path, out_dir: Path, command: str) -> Inputs:
     inputs = Inputs(rfc_dir=rfc_dir, results_dir=results_dir, out_dir=out_dir, command=command)
     conformance = results_dir / CONFORMANCE_FILE
     if conformance.is_file():
         inputs.conformance = load_json(conformance)
         _validate_conformance(inputs.conformance, conformance)
+        inputs.conformance["setups"] = {conformance.name: inputs.conformance["setup"]}
+        for path in sorted(results_dir.glob(CONFORMANCE_ENVIRONMENT_GLOB)):
+            _merge_conformance(inputs.conformance, load_json(path), path)
     # the CPU machine kind ("python") first, then the others (e.g. GPU kinds) by name
     for path in sorted(results_dir.glob(BENCHMARK_GLOB), key=lambda p: (p.stem != "benchmarks-python", p.name)):
         kind = path.stem[len("benchmarks-"):]

@@ -10,7 +10,7 @@ from typing import Any
 from prototypes import DESIGNS
 from rendering.conformance import conformance_parts
 from rendering.coupling import private_names_used
-from rendering.markdown import bench_setup, code, no_results, relative_link, setup_line, table
+from rendering.markdown import bench_setup, code, conformance_setup, no_results, relative_link, table
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, FAIL, XFAIL, Inputs
 from rendering.targets import VERDICT_TEXT, verdict_of
 
@@ -78,7 +78,7 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
                 + no_results("benchmark results", BENCHMARK_COMMAND))
     parts, headers = [], ["Design"]
     if inputs.conformance:
-        parts.append(setup_line(inputs.conformance["setup"], "conformance.json"))
+        parts.append(conformance_setup(inputs.conformance))
         headers += ["clauses met (every variant passes)", "expected failures", "failures"]
     else:
         parts.append(no_results("conformance results", CONFORMANCE_COMMAND))
