@@ -20,7 +20,7 @@ from benchmarks import measuring
 from benchmarks.measuring import Probe
 
 
-class _Turns:
+class Turns:
     """In a lockstep child: whose turn it is. The step's receipt of a batch ends this process's turn (from receipt
     ``skip`` on, when both have reached it); the time from getting the turn back to the next receipt is one period."""
 
@@ -40,7 +40,7 @@ class _Turns:
             return
         if receipt == self.skip:
             self._off_main_at_start = probe.produced_off_main
-            self.start.wait(timeout=_LOCKSTEP_TIMEOUT_S)  # both at the window's start
+            self.start.wait(timeout=LOCKSTEP_TIMEOUT_S)  # both at the window's start
             if not self.first:
                 self._wait_for_turn()
         else:
@@ -56,7 +56,7 @@ class _Turns:
         # the other run has ended: this one runs on alone (its last periods are unpaired, like a solo run's)
 
 
-_LOCKSTEP_TIMEOUT_S = 120.0
+LOCKSTEP_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,9 @@ def lockstep(first: Callable[[], Probe], second: Callable[[], Probe], skip: int)
     outcomes = []
     for child, (reader, writer) in zip(children, pipes, strict=True):
         writer.close()
-        waited = reader.poll(_LOCKSTEP_TIMEOUT_S * 2)  # a run takes seconds; a child that hangs is given up on
-        outcome = reader.recv() if waited else ("error", f"no result within {_LOCKSTEP_TIMEOUT_S * 2:.0f} s (a hang?)")
-        child.join(timeout=_LOCKSTEP_TIMEOUT_S)
+        waited = reader.poll(LOCKSTEP_TIMEOUT_S * 2)  # a run takes seconds; a child that hangs is given up on
+        outcome = reader.recv() if waited else ("error", f"no result within {LOCKSTEP_TIMEOUT_S * 2:.0f} s (a hang?)")
+        child.join(timeout=LOCKSTEP_TIMEOUT_S)
         if child.is_alive():
             child.kill()
         outcomes.append(outcome)
@@ -112,11 +112,11 @@ def lockstep(first: Callable[[], Probe], second: Callable[[], Probe], skip: int)
 
 def _lockstep_child(run: Callable[[], Probe], turns: tuple, finished: Any, writer: Any, core: int | None) -> None:
     outcome: tuple[str, Any]
-    mine: _Turns | None = None
+    mine: Turns | None = None
     try:
         if core is not None:
             os.sched_setaffinity(0, {core})
-        mine = _Turns(*turns)
+        mine = Turns(*turns)
         measuring.receipt_hook = mine.received
         run()
         if not mine.periods:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import calibration, conftest, entries, intervals, lockstep, measuring, targets, workloads
+from benchmarks import calibration, conftest, entries, intervals, lockstep, measuring, patch_cost, targets, workloads
 from prototypes.common import Design
 
 
@@ -349,3 +350,33 @@ def test_lockstep_raises_a_failing_runs_error_without_hanging_the_other(tmp_path
     log = tmp_path / "receipts"
     with pytest.raises(RuntimeError, match="b failed at batch"):
         lockstep.lockstep(_fake_run("a", log), _fake_run("b", log, fail_at=fail_at), 3)
+
+
+# ------------------------------------------------------------------------------------------------- the patch's cost
+@pytest.mark.timeout(300)
+def test_a_pair_across_interpreters_takes_turns_batch_by_batch(tmp_path: Path) -> None:
+    # two interpreters (here the same one twice): S3's run in each, taking turns through pipes from the window on
+    log, skip, batches = tmp_path / "receipts", 3, 12
+    first_s, second_s = patch_cost.pair(sys.executable, sys.executable, "dataloader_iter", batches, skip, log)
+    receipts = [line.split() for line in log.read_text().splitlines()]
+    in_window = [name for name, i in receipts if int(i) > skip]
+    assert in_window == ["0", "1"] * (batches - 1 - skip)  # strictly alternating, the first run first
+    assert first_s > 0 and second_s > 0
+
+
+@pytest.mark.timeout(300)
+def test_a_pair_across_interpreters_raises_its_runs_errors_instead_of_waiting() -> None:
+    # runs that never reach their window (no batch after the skip) fail, and the pair says why
+    with pytest.raises(RuntimeError, match="received no batch after the first 8"):
+        patch_cost.pair(sys.executable, sys.executable, "regular", 8, 8)
+
+
+def test_the_patch_cost_judges_each_flavour_against_its_threshold_from_the_interval() -> None:
+    ratios = {"regular": [1.0 + i / 10_000 for i in range(24)], "dataloader_iter": [1.02 + i / 1000 for i in range(24)],
+              patch_cost.SAME_ENVIRONMENT: [1.0] * 24}
+    payload = patch_cost.results(ratios, sys.executable, sys.executable, 200, 20)
+    rows = {row["case"]: row for row in payload["rows"]}
+    assert rows["regular"]["verdict"] == "met" and rows["regular"]["threshold"] == 1.01
+    assert rows["dataloader_iter"]["verdict"] == "inconclusive"  # its interval straddles 1.03
+    assert "verdict" not in rows[patch_cost.SAME_ENVIRONMENT] and rows[patch_cost.SAME_ENVIRONMENT]["pairs"] == 24
+    assert payload["setup"]["stock"]["patch_series"] is None and payload["setup"]["batches"] == 200

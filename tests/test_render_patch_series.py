@@ -56,3 +56,33 @@ def test_an_item_without_prototype_code_points_at_its_patch_alone(tmp_path):
     inputs = inputs_with(tmp_path, item(14, "patch/items/fourteen.py", [("callbacks/c.py", 5, 1)]))
     block = code_pointers.block_code_item(14)(inputs, tmp_path)
     assert block == "the patch to Lightning 9.9.9: `patch/items/fourteen.py` (`callbacks/c.py` +5 −1)"
+
+
+def _cost(tmp_path: Path, rows: list[dict]) -> Inputs:
+    setup = dict(machine="test-machine", batches=200, skip=20, git_commit="feedface" * 5, git_dirty=False,
+                 generated_at="2000-01-01T00:00:00+00:00",
+                 stock=dict(pytorch_lightning="9.9.9", torch="2.x", patch_series=None),
+                 patched=dict(pytorch_lightning="9.9.9", torch="2.x", patch_series="sha256:" + "ab" * 32))
+    (tmp_path / patch_series.COST_FILE).write_text(json.dumps(dict(schema=1, setup=setup, rows=rows)))
+    return Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render")
+
+
+def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
+    inputs = _cost(tmp_path, [
+        dict(case="regular", flavour="regular", pairs=24, ratio=1.004, interval=[0.998, 1.009], threshold=1.01,
+             verdict="met"),
+        dict(case="dataloader_iter", flavour="dataloader_iter", pairs=24, ratio=1.05, interval=[1.02, 1.07],
+             threshold=1.03, verdict="inconclusive"),
+        dict(case="stock-over-stock", flavour="dataloader_iter", pairs=24, ratio=1.0, interval=[0.99, 1.01]),
+    ])
+    block = patch_series.block_patch_cost(inputs, tmp_path)
+    assert "| a regular `training_step(batch, batch_idx)`, patched over stock | 24 | 1.004 [0.998, 1.009] | ≤ 1.01: " \
+           "**met** |" in block
+    assert "| 1.050 [1.020, 1.070] | ≤ 1.03: **inconclusive** |" in block
+    assert "(the method's own spread; a perfect method gives 1) | 24 | 1.000 [0.990, 1.010] | – |" in block
+    assert "200 batches, timed from batch 20" in block and "series `sha256:abababababab`" in block
+
+
+def test_the_cost_block_names_the_command_without_results(tmp_path):
+    inputs = Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render")
+    assert patch_series.COST_COMMAND in patch_series.block_patch_cost(inputs, tmp_path)

@@ -30,7 +30,7 @@ from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.lightning_tests import block_lightning_tests
 from rendering.markdown import display_path, once_per_page
-from rendering.patch_series import block_patch_series
+from rendering.patch_series import block_patch_cost, block_patch_series
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
 from rendering.prose_blocks import PROSE_BLOCKS
@@ -72,6 +72,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "plot-memory": plot_block("plot-memory"),
     "defects": block_defects,
     "patch-series": block_patch_series,
+    "patch-cost": block_patch_cost,
     "lightning-tests": block_lightning_tests,
     **COUPLING_BLOCKS,
     **PROSE_BLOCKS,

@@ -36,3 +36,43 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     for item in items:
         lines.append(f"- **{item['number']}. {cell(item['title'])}.** {' '.join(item['why'].split())}")
     return "\n".join(lines)
+
+
+COST_FILE = "patch-cost.json"  # written by `python -m benchmarks.patch_cost`
+COST_COMMAND = "python -m benchmarks.patch_cost --patched-python .venv-patched/bin/python"
+_CASES = {
+    "regular": "a regular `training_step(batch, batch_idx)`, patched over stock",
+    "dataloader_iter": "`training_step(self, dataloader_iter)`, patched over today's flavour",
+    "stock-over-stock": "today's flavour over itself (the method's own spread; a perfect method gives 1)",
+}
+
+
+def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
+    """The patch's cost per batch: S3's tiny run under the patched and the stock Lightning in lockstep pairs."""
+    path = inputs.results_dir / COST_FILE
+    if not path.is_file():
+        return no_results("patch cost results", COST_COMMAND)
+    data = load_json(path)
+    setup = data["setup"]
+    rows = []
+    for row in data["rows"]:
+        interval = row["interval"]
+        shown = f"{row['ratio']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+        target = f"≤ {row['threshold']}: **{row['verdict']}**" if "threshold" in row else "–"
+        rows.append(f"| {_CASES.get(row['case'], cell(row['case']))} | {row['pairs']} | {shown} | {target} |")
+    return "\n".join([
+        f"Time per batch of S3's run (tiny model, no loading time, batch size 1, {setup['batches']} batches, timed "
+        f"from batch {setup['skip']}) under the patched Lightning against stock, in lockstep pairs across the two "
+        f"environments (`{COST_COMMAND}`): median ratio of the pairs with its 95 % interval; a target is met or "
+        "missed only when the whole interval is on one side of it.",
+        "",
+        "| Case | pairs | ratio [95 % interval] | target |",
+        "| --- | ---: | --- | --- |",
+        *rows,
+        "",
+        f"*Setup ({COST_FILE}):* machine `{setup['machine']}`; stock pytorch-lightning "
+        f"{setup['stock']['pytorch_lightning']}, patched {setup['patched']['pytorch_lightning']} (series "
+        f"`{str(setup['patched']['patch_series'])[:19]}`); torch {setup['stock']['torch']}; commit "
+        f"`{str(setup.get('git_commit', ''))[:12]}`{' (dirty)' if setup.get('git_dirty') else ''}; run "
+        f"{setup.get('generated_at', '')}.",
+    ])

@@ -1,0 +1,244 @@
+"""The patch's cost (S3 across two environments): stock Lightning against the patched Lightning, in lockstep pairs.
+
+S3 pairs two runs of one interpreter (``benchmarks.lockstep`` forks them). The patched Lightning replaces the
+installed ``pytorch_lightning``, so it lives in an environment of its own (``python -m patch.environment``) and a
+pair needs two interpreters: here each run is a child process of its environment's Python, and the two take turns
+batch by batch on one core through pipes, with the same turn rule as S3 (``lockstep.Turns``). Each pair gives one
+ratio, patched over stock, for the same S3 run (tiny model, L = 0, batch size 1) in both flavours; stock paired with
+itself measures the method's own spread. Each flavour's median ratio carries its 95 % interval and a verdict against
+the patch's targets: a regular module at most 1.01 of stock, the flavour at most 1.03 of today's flavour.
+
+    python -m benchmarks.patch_cost --patched-python .venv-patched/bin/python [--stock-python PY]
+        [--pairs 24] [--batches 200] [--skip 20] [--out rfc/results/patch-cost.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks import intervals
+from benchmarks.lockstep import LOCKSTEP_TIMEOUT_S, Turns
+
+FLAVOURS = ("regular", "dataloader_iter")
+# the patch's targets: what a change written into Lightning may cost a regular module and today's flavour
+THRESHOLDS = {"regular": 1.01, "dataloader_iter": 1.03}
+SAME_ENVIRONMENT = "stock-over-stock"  # stock's flavour paired with itself: the lockstep's own spread
+
+
+class _PipeSemaphore:
+    """One side of a turn handed between two processes over a pipe: ``release`` writes a byte, ``acquire`` reads
+    one (False on a timeout, or when the other side has gone)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        try:
+            os.write(self.fd, b"t")
+        except BrokenPipeError:
+            pass  # the other run has ended and closed its end: nobody waits for this turn
+
+    def acquire(self, timeout: float) -> bool:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        return bool(ready) and os.read(self.fd, 1) == b"t"
+
+
+class _PipeClosed:
+    """The other run has finished: its end of this pipe is closed (at exit, whatever the exit)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.closed = False
+
+    def is_set(self) -> bool:
+        if not self.closed and select.select([self.fd], [], [], 0)[0]:
+            self.closed = os.read(self.fd, 1) == b""
+        return self.closed
+
+
+class _PipeBarrier:
+    """Both runs at the window's start: each writes a byte to the other and waits for the other's."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd, self.write_fd = read_fd, write_fd
+
+    def wait(self, timeout: float) -> None:
+        os.write(self.write_fd, b"s")
+        ready, _, _ = select.select([self.read_fd], [], [], timeout)
+        if not ready or os.read(self.read_fd, 1) != b"s":
+            raise RuntimeError("the other run did not reach the timed window")
+
+    def abort(self) -> None:
+        os.close(self.write_fd)
+
+
+def _child(args: argparse.Namespace) -> None:
+    """One run of S3's workload in this interpreter's Lightning, taking turns through the inherited pipes; prints its
+    mean period (seconds per batch) as JSON."""
+    import torch
+
+    from benchmarks import measuring, workloads
+    from benchmarks.conftest import FEATURES
+
+    mine, theirs, my_done, their_done, start_in, start_out = args.fds
+    turns = Turns(args.skip, _PipeSemaphore(mine), _PipeSemaphore(theirs), _PipeBarrier(start_in, start_out),
+                  _PipeClosed(their_done), args.first)
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # both runs on one core, as S3's pairs
+    torch.set_num_threads(workloads.TORCH_THREADS)
+    measuring.receipt_hook = turns.received
+    if args.receipts:  # the order of receipts, for the test that the runs take turns
+        def logged(probe: measuring.Probe, now: float) -> None:
+            with open(args.receipts, "a") as log:
+                log.write(f"{args.name} {len(probe.received_at) - 1}\n")
+            turns.received(probe, now)
+
+        measuring.receipt_hook = logged
+    try:
+        probe = measuring.Probe()
+        dataset = workloads.TimedDataset(args.batches, 0.0, probe, 1, FEATURES)
+        step = workloads.IterStep if args.flavour == "dataloader_iter" else workloads.RegularStep
+        module = step(probe, FEATURES, workloads.Burner(), 0)
+        with tempfile.TemporaryDirectory() as root:
+            workloads.fit(workloads.make_trainer(None, Path(root)), module, workloads.loader(dataset))
+        measuring.check_exactly_once(probe.received, args.batches)
+        if not turns.periods:
+            raise AssertionError(f"the run's step received no batch after the first {args.skip}")
+    except BaseException:
+        turns.start.abort()  # the other run waiting at the window's start fails at once
+        raise
+    finally:
+        os.close(my_done)  # the other run sees this one finished
+        turns.theirs.release()  # it may be waiting for a turn this one will never give
+    print(json.dumps(dict(period_s=sum(turns.periods) / len(turns.periods), threaded=turns.ran_a_thread)))
+
+
+def pair(first: str, second: str, flavour: str, batches: int, skip: int, receipts: Path | None = None
+         ) -> tuple[float, float]:
+    """One lockstep pair of the S3 run under two interpreters (``first`` takes the first turn): each one's seconds
+    per batch. ``receipts``: a file where each run logs its receipts in order (``first`` as 0, ``second`` as 1)."""
+    turn = [os.pipe() for _ in range(2)]  # turn[i]: run i waits on its read end, the other releases it
+    done = [os.pipe() for _ in range(2)]
+    start = [os.pipe() for _ in range(2)]
+    children = []
+    for me, python in enumerate((first, second)):
+        other = 1 - me
+        fds = (turn[me][0], turn[other][1], done[me][1], done[other][0], start[me][0], start[other][1])
+        command = [python, "-m", "benchmarks.patch_cost", "--child", "--flavour", flavour, "--batches", str(batches),
+                   "--skip", str(skip), "--fds", *map(str, fds), *(["--first"] if me == 0 else []),
+                   *(["--receipts", str(receipts), "--name", str(me)] if receipts else [])]
+        children.append(subprocess.Popen(command, pass_fds=fds, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, cwd=Path(__file__).resolve().parent.parent))
+    for ends in (*turn, *done, *start):
+        for fd in ends:
+            os.close(fd)  # the children hold their ends; a child's exit then closes its "done" pipe for the other
+    periods, errors = [], []
+    for python, child in zip((first, second), children, strict=True):
+        try:
+            out, err = child.communicate(timeout=LOCKSTEP_TIMEOUT_S * 2)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+            err += f"\nno result within {LOCKSTEP_TIMEOUT_S * 2:.0f} s (a hang?)"
+        if child.returncode != 0:
+            errors.append(f"{python}: exit {child.returncode}\n{err[-3000:]}")
+            continue
+        found = json.loads(out.strip().splitlines()[-1])
+        if found["threaded"]:
+            errors.append(f"{python}: a batch came from a background thread; the pair would not be fair")
+        periods.append(found["period_s"])
+    if errors:
+        raise RuntimeError("a lockstep run failed:\n" + "\n".join(errors))
+    return periods[0], periods[1]
+
+
+def measure(stock: str, patched: str, pairs: int, batches: int, skip: int) -> dict[str, list[float]]:
+    """Ratios (second over first) per case; rounds alternate which run takes the first turn."""
+    cases = {flavour: (stock, patched, flavour) for flavour in FLAVOURS}
+    cases[SAME_ENVIRONMENT] = (stock, stock, "dataloader_iter")
+    ratios: dict[str, list[float]] = {case: [] for case in cases}
+    for r in range(pairs):
+        for case, (reference, measured, flavour) in cases.items():
+            if r % 2 == 0:
+                reference_s, measured_s = pair(reference, measured, flavour, batches, skip)
+            else:
+                measured_s, reference_s = pair(measured, reference, flavour, batches, skip)
+            ratios[case].append(measured_s / reference_s)
+        print(f"patch cost: {r + 1} of {pairs} rounds", file=sys.stderr, flush=True)
+    return ratios
+
+
+_VERSIONS = (
+    "import json, platform, torch, pytorch_lightning as pl, importlib.util as u;"
+    "marker = u.find_spec('pytorch_lightning._rfc_patch_series');"
+    "series = marker and __import__('pytorch_lightning._rfc_patch_series', fromlist=['_']).SERIES;"
+    "print(json.dumps(dict(python=platform.python_version(), torch=torch.__version__,"
+    " pytorch_lightning=pl.__version__, patch_series=series or None)))"
+)
+
+
+def _versions(python: str) -> dict[str, Any]:
+    """What ``python`` runs: its versions and the patch series its Lightning carries (None: stock)."""
+    return json.loads(subprocess.run([python, "-c", _VERSIONS], check=True, capture_output=True, text=True).stdout)
+
+
+def results(ratios: dict[str, list[float]], stock: str, patched: str, batches: int, skip: int) -> dict[str, Any]:
+    from harness_common import conformance_setup
+
+    rows = []
+    for case, values in ratios.items():
+        figure = intervals.summary(values)
+        row = dict(case=case, flavour="dataloader_iter" if case == SAME_ENVIRONMENT else case, pairs=len(values),
+                   ratio=figure["value"], interval=figure["interval"])
+        if case in THRESHOLDS:
+            row.update(threshold=THRESHOLDS[case], verdict=intervals.verdict(figure["interval"], "<=",
+                                                                             THRESHOLDS[case]))
+        rows.append(row)
+    setup = conformance_setup()
+    setup.update(batches=batches, skip=skip, stock=_versions(stock), patched=_versions(patched))
+    return dict(schema=1, setup=setup, rows=rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--patched-python", help="the interpreter of the patched environment")
+    parser.add_argument("--stock-python", default=sys.executable, help="the interpreter with stock Lightning")
+    parser.add_argument("--pairs", type=int, default=24)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--skip", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path("rfc/results/patch-cost.json"))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--flavour", choices=FLAVOURS, help=argparse.SUPPRESS)
+    parser.add_argument("--fds", type=int, nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--receipts", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return 0
+    if not args.patched_python:
+        parser.error("--patched-python is required: build the environment with `python -m patch.environment --venv "
+                     "PATH` and pass PATH/bin/python")
+    if _versions(args.patched_python)["patch_series"] is None:
+        parser.error(f"{args.patched_python} runs stock pytorch_lightning: pass the patched environment's python")
+    ratios = measure(args.stock_python, args.patched_python, args.pairs, args.batches, args.skip)
+    payload = results(ratios, args.stock_python, args.patched_python, args.batches, args.skip)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    for row in payload["rows"]:
+        print(f"{row['case']}: {row['ratio']} {row['interval']} {row.get('verdict', '')}")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
