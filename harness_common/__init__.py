@@ -253,4 +253,15 @@ def provenance() -> dict[str, Any]:
 
 def conformance_setup() -> dict[str, Any]:
     """The ``setup`` of a conformance or defect-catalogue results file: the machine, then ``provenance()``."""
-    return dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
+    setup = dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
+    series = _patch_series()
+    return setup if series is None else {**setup, "patch_series": series}
+
+
+def _patch_series() -> str | None:
+    """The patch series the installed pytorch_lightning carries (``python -m patch.environment``); None: stock."""
+    try:
+        from pytorch_lightning import _rfc_patch_series  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _rfc_patch_series.SERIES

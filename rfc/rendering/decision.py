@@ -22,6 +22,8 @@ from rendering.targets import verdict_of, with_interval
 # Decision 1: the design whose loops and fetcher Lightning adopts. What it ships with (its registered ``options``)
 # and its opt-in thread (``thread_options``) are read from the registry, never typed into a page.
 RECOMMENDED = "prefetcher"
+# The recommended design written into Lightning's own classes (``patch/``): not a competitor of the prototypes
+RECOMMENDED_AS_PATCH = "patched"
 DECIDING_TARGETS = ("S1-alternatives", "S6-alternatives")
 OUTCOME_WORDS = {"met": "faster", "missed": "slower", "inconclusive": "not distinguishable",
                  "not judged": "not judged"}

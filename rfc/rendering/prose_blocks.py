@@ -15,7 +15,14 @@ from pathlib import Path
 from prototypes import DESIGNS
 from prototypes.coupling import design_module
 from rendering.conformance import MATRIX_PAGE, reasons_anchor
-from rendering.decision import RECOMMENDED, thread_decision, thread_id, thread_on_by_default, thread_points
+from rendering.decision import (
+    RECOMMENDED,
+    RECOMMENDED_AS_PATCH,
+    thread_decision,
+    thread_id,
+    thread_on_by_default,
+    thread_points,
+)
 from rendering.markdown import code, no_results
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, Inputs
 from rendering.standing import link_in_rfc, stance, targets_link
@@ -46,11 +53,14 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
              f"{code(RECOMMENDED)} design does. {shipping_sentence(RECOMMENDED)}.", ""]
     if inputs.conformance:
         found = stance(inputs.conformance, RECOMMENDED)
-        others = {n: stance(inputs.conformance, n) for n in DESIGNS if n != RECOMMENDED}
+        others = {n: stance(inputs.conformance, n) for n in DESIGNS if n not in (RECOMMENDED, RECOMMENDED_AS_PATCH)}
         ranked = sorted(((len(s.met), n) for n, s in others.items() if s), reverse=True)
         runner_up = f"; next, {code(ranked[0][1])}: {ranked[0][0]}" if ranked else ""
+        patch = stance(inputs.conformance, RECOMMENDED_AS_PATCH)
+        as_patch = (f"; written into Lightning by the patch ({code(RECOMMENDED_AS_PATCH)}), {len(patch.met)} of "
+                    f"{len(patch.tested)}" if patch else "")
         figure = (f"{code(RECOMMENDED)} meets {len(found.met)} of {len(found.tested)} clauses in every variant the "
-                  f"suite ran{runner_up}" if found else f"the suite has not run {code(RECOMMENDED)}")
+                  f"suite ran{as_patch}{runner_up}" if found else f"the suite has not run {code(RECOMMENDED)}")
     else:
         figure = no_results("conformance results", CONFORMANCE_COMMAND)
     lines.append(f"- **Decision 1: adopt the contract (C1–C19) and its conformance suite, implemented as "
