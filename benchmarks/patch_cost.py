@@ -190,7 +190,10 @@ def _versions(python: str) -> dict[str, Any]:
     return json.loads(subprocess.run([python, "-c", _VERSIONS], check=True, capture_output=True, text=True).stdout)
 
 
-def results(ratios: dict[str, list[float]], stock: str, patched: str, batches: int, skip: int) -> dict[str, Any]:
+def results(ratios: dict[str, list[float]], stock: dict[str, Any], patched: dict[str, Any], batches: int, skip: int
+            ) -> dict[str, Any]:
+    """The results file: each case's median ratio, interval and verdict; ``stock`` and ``patched`` are what each
+    interpreter runs (``_versions``)."""
     from harness_common import conformance_setup
 
     rows = []
@@ -203,7 +206,7 @@ def results(ratios: dict[str, list[float]], stock: str, patched: str, batches: i
                                                                              THRESHOLDS[case]))
         rows.append(row)
     setup = conformance_setup()
-    setup.update(batches=batches, skip=skip, stock=_versions(stock), patched=_versions(patched))
+    setup.update(batches=batches, skip=skip, stock=stock, patched=patched)
     return dict(schema=1, setup=setup, rows=rows)
 
 
@@ -228,10 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.patched_python:
         parser.error("--patched-python is required: build the environment with `python -m patch.environment --venv "
                      "PATH` and pass PATH/bin/python")
-    if _versions(args.patched_python)["patch_series"] is None:
+    patched = _versions(args.patched_python)
+    if patched["patch_series"] is None:
         parser.error(f"{args.patched_python} runs stock pytorch_lightning: pass the patched environment's python")
     ratios = measure(args.stock_python, args.patched_python, args.pairs, args.batches, args.skip)
-    payload = results(ratios, args.stock_python, args.patched_python, args.batches, args.skip)
+    payload = results(ratios, _versions(args.stock_python), patched, args.batches, args.skip)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     for row in payload["rows"]:

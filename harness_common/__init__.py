@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from prototypes.common import Design
+from prototypes.patched import installed_series
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT_GROUP = "dataloader_iter_designs"
@@ -254,14 +255,5 @@ def provenance() -> dict[str, Any]:
 def conformance_setup() -> dict[str, Any]:
     """The ``setup`` of a conformance or defect-catalogue results file: the machine, then ``provenance()``."""
     setup = dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
-    series = _patch_series()
-    return setup if series is None else {**setup, "patch_series": series}
-
-
-def _patch_series() -> str | None:
-    """The patch series the installed pytorch_lightning carries (``python -m patch.environment``); None: stock."""
-    try:
-        from pytorch_lightning import _rfc_patch_series  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _rfc_patch_series.SERIES
+    marker = installed_series()
+    return setup if marker is None else {**setup, "patch_series": marker.SERIES}
