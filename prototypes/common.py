@@ -94,23 +94,49 @@ class Design:
         return replace(self, options={**self.options, **options})
 
 
-# [RFC 8] under DDP the ranks agree on the end of data
-def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
-    """Whether *every* rank can start another step call: the ranks' vote on the end of data.
+# [RFC 8] under DDP the ranks agree on the end of data, in the one collective stock Lightning makes per step call
+@dataclass(frozen=True)
+class RanksVote:
+    """What the ranks agreed between two step calls (``vote``): whether every rank has a batch for the next call,
+    whether any rank's last call was cut short by its data's end, whether any rank's look-ahead sees its data end
+    within the next call, and rank 0's SIGTERM flag (what stock Lightning broadcasts before every call)."""
+
+    every_rank_has_a_batch: bool
+    a_call_was_cut_short: bool = False
+    a_rank_ends_within_the_next_call: bool = False
+    sigterm: bool = False
+
+
+def vote(
+    trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False
+) -> RanksVote:
+    """The ranks' vote on the end of data: one all-reduce(MAX) of four flags and one host read of its result.
 
     Why: under DDP each step call ends in a gradient all-reduce. A rank whose data ends early and stops would leave
-    its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258). One
-    all-reduce(MIN) of a one-element flag per step call makes all ranks stop at the same step call. Without a process
-    group it returns ``has_batch`` unchanged. ``end_of_data_vote_needed`` says where the ranks vote at all.
+    its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258), so all
+    ranks must stop at the same step call. Why four flags in one collective: stock Lightning already broadcasts rank
+    0's SIGTERM flag before every step call (``_TrainingEpochLoop._broadcast_sigterm_tensor``, a collective and a
+    host sync); carried here (only rank 0 sets it, so MAX is that broadcast), it makes the vote cost no collective
+    and no host sync that stock does not pay. Without a process group it answers from this rank alone.
     """
     import torch
     import torch.distributed as dist
 
+    received_sigterm = bool(getattr(trainer, "received_sigterm", False))
     if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-        return has_batch
-    flag = torch.tensor([int(has_batch)], device=trainer.strategy.root_device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+        return RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm)
+    sigterm = received_sigterm and trainer.global_rank == 0
+    flags = [int(sigterm), int(not has_batch), int(cut_short), int(ends_within_the_next_call)]
+    agreed = torch.tensor(flags, device=trainer.strategy.root_device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    sigterm_flag, a_rank_has_none, cut, ends = agreed.tolist()
+    return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag))
+
+
+def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
+    """Whether *every* rank can start another step call (``vote``'s first answer), for a vote of its own where no
+    collective of stock Lightning's stands at that point (after a drain call)."""
+    return vote(trainer, has_batch).every_rank_has_a_batch
 
 
 # [RFC 8]

@@ -8,10 +8,12 @@ import warnings
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingEpochLoop
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from prototypes.common import end_of_data_vote_needed, every_rank_has_a_batch
+from prototypes.common import RanksVote, end_of_data_vote_needed, every_rank_has_a_batch
 from prototypes.lightning_changes.draining import (
     DRAIN_CALL_TRAINED_UNSEEN,
     WeightChanges,
@@ -59,6 +61,11 @@ class DrainsHeldBatches:
         drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
         raise NotImplementedError
 
+    def _vote_since_the_last_call(self) -> RanksVote | None:
+        """The ranks' vote between the last step call and the next (``common.vote``), where the design's vote carries
+        what the loop must agree on there; None where it does not (the loop then votes on its own)."""
+        return None
+
     # [RFC 3]
     def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
         # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
@@ -66,7 +73,12 @@ class DrainsHeldBatches:
         data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
         if not data_ended and not self._ranks_vote_every_step():
             return  # one rank: before its data ends there is nothing to agree on
-        if every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped):
+        vote = self._vote_since_the_last_call()
+        if vote is None:
+            drains = every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped)
+        else:  # the end of data is agreed; whether any rank's call was cut short travelled with it
+            drains = data_ended and not vote.a_call_was_cut_short
+        if drains:
             self._drain_held_batches()
 
     def _drain_held_batches(self) -> None:
@@ -152,6 +164,25 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
         passed_a_multiple = counted // interval > (counted - self._consumed_by_last_call()) // interval
         # Why the epoch's rule last: it is a chain of calls, and most step calls pass no multiple
         return passed_a_multiple and self._should_check_val_epoch()
+
+    # [RFC 8] the vote travels in stock's collective before each step call
+    def _broadcast_sigterm_tensor(self) -> None:
+        vote = self._vote_since_the_last_call() if self._steps_pull_batches() else None
+        if vote is None:
+            super()._broadcast_sigterm_tensor()
+            return
+        # Why no broadcast of its own: the ranks' vote between the calls carried rank 0's SIGTERM flag
+        if vote.sigterm:
+            with contextlib.suppress(Exception):
+                torch.distributed.barrier()  # as stock Lightning: the ranks meet before they exit
+            raise SIGTERMException()
+
+    # [RFC 5]
+    def _a_rank_ends_within_this_call(self) -> bool:
+        """Whether, before the running step call, any rank's look-ahead saw its data end within it (the vote's
+        ``a_rank_ends_within_the_next_call``): the call then closes its accumulation window and synchronises the
+        gradients. False where the design's vote does not carry it: the window is synchronised once at its close."""
+        return False
 
     # [RFC 8] the end-of-data vote, where this epoch's loaders need it
     def _every_rank_has_a_batch(self, has_batch: bool) -> bool:

@@ -11,6 +11,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
+from pytorch_lightning.loops.utilities import _block_parallel_sync_behavior
+from torch.nn.parallel import DistributedDataParallel
 
 from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 from prototypes.common import StepCall
@@ -27,16 +29,20 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
     computed, or the window stays open. The step call's index in the epoch stands in for ``batch_idx``: windows and
     the optimizer hooks count step calls (C9). A drain call (C17) is a window of its own, and one that computed no
     loss reaches no optimizer hook. ``run`` stays Lightning's, for the regular flavour.
+
+    Under DDP a call inside a window skips the gradient all-reduce, as Lightning's does (``blocks_gradient_sync``);
+    a window closed by a call that skipped it is synchronised once when it closes (``close_window``).
     """
 
     def __init__(self, trainer: pl.Trainer) -> None:
         super().__init__(trainer)
         self._window_open = False  # gradients accumulated since the last optimizer step
         self._window_loss: torch.Tensor | None = None  # the loss of the window's last call
+        self._window_unsynced = False  # the window's last backward skipped DDP's gradient all-reduce
 
     def start_epoch(self) -> None:
         """The epoch's first step call starts a window."""
-        self._window_open, self._window_loss = False, None
+        self._window_open, self._window_loss, self._window_unsynced = False, None, False
 
     def run_step_call(
         self, kwargs: Any, optimizer: torch.optim.Optimizer, call: StepCall, data_ended: Callable[[], bool],
@@ -60,13 +66,14 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
                 del self._make_zero_grad_fn
         else:
             closure = self._make_closure(kwargs, optimizer, step_call_idx)
-        # Lightning would wrap an accumulating call in `_block_parallel_sync_behavior` (no DDP gradient sync).
-        # Whether this call closes its window is known only after it ran, so every backward syncs: one
-        # all-reduce per step call rather than per window, but never a window stepped on unsynced gradients.
-        closure()
+        blocked = blocks_gradient_sync(trainer, call)
+        with _block_parallel_sync_behavior(trainer.strategy, block=blocked):
+            closure()
         result = closure.consume_result()
         if result.loss is None and (call.drain or call.declined):
             return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
+        if result.loss is not None:  # a backward ran: DDP synchronised what the window holds, or it did not
+            self._window_unsynced = blocked
         self._window_open, self._window_loss = True, result.loss
         if data_ended():
             trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
@@ -78,9 +85,14 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         return {} if result.loss is None else result.asdict()
 
     def close_window(self, step_call_idx: int) -> None:
-        """Step the optimizer for the open window with the loss its last call computed; nothing if none is open."""
+        """Step the optimizer for the open window with the loss its last call computed; nothing if none is open. A
+        window whose last backward skipped DDP's gradient all-reduce (the data's end closed it unforeseen) has its
+        gradients averaged over the ranks first, once."""
         if not self._window_open:
             return
+        if self._window_unsynced:
+            average_gradients_over_ranks(self.trainer.strategy.model)
+            self._window_unsynced = False
         loss, evaluated = self._window_loss, []
 
         def computed_loss() -> Any:
@@ -103,6 +115,41 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
             self._optimizer_zero_grad(batch_idx, optimizer)
 
         return zero_grad_fn
+
+
+# [RFC 5]
+def blocks_gradient_sync(trainer: pl.Trainer, call: StepCall) -> bool:
+    """Whether this call's backward skips DDP's gradient all-reduce, decided before it runs, alike on every rank:
+    a call inside an accumulation window that neither its index nor any rank's look-ahead (the ranks' vote
+    before the call, ``_a_rank_ends_within_this_call``) says closes it. Lightning decides the same before the
+    call, from the batch count and its look-ahead of one batch; a step pulling batches may end the data
+    unforeseen (it took more than the look-ahead assumed), and ``StepFirstAutomaticOptimization.close_window`` then
+    synchronises once.
+    Only DDP's all-reduce can be run again after the fact: other strategies synchronise every backward."""
+    accumulate = trainer.accumulate_grad_batches
+    if accumulate == 1 or call.drain or call.index % accumulate == 0:
+        return False
+    if trainer.strategy.handles_gradient_accumulation or not isinstance(trainer.strategy.model,
+                                                                       DistributedDataParallel):
+        return False
+    return not trainer.fit_loop.epoch_loop._a_rank_ends_within_this_call()
+
+
+# [RFC 5]
+def average_gradients_over_ranks(model: DistributedDataParallel) -> None:
+    """What DDP's backward does to the gradients, done once after the fact: each parameter's gradient averaged over
+    the model's process group, in one all-reduce of them all. Every rank calls it at the same point (its window's
+    close, which the ranks agree on), so each gives the same parameters in the same order; a parameter without a
+    gradient on this rank contributes zeros and keeps none."""
+    import torch.distributed as dist
+
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters])
+    dist.all_reduce(flat, group=model.process_group)
+    flat /= dist.get_world_size(model.process_group)
+    for parameter, averaged in zip(parameters, flat.split([p.numel() for p in parameters]), strict=True):
+        if parameter.grad is not None:
+            parameter.grad.copy_(averaged.view_as(parameter))
 
 
 # ----------------------------------------------------------------------- [RFC 10] misuse: a stray StopIteration

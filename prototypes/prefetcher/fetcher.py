@@ -171,6 +171,7 @@ class _LoaderIteratorLifecycle:
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
             ranks_vote=end_of_data_vote_needed(trainer),
             consumed_loader_states=producer.loader_states(),
+            take_ahead=self.take_ahead if self.drain_dataloader is None else None,  # training accumulates windows
         )
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
         if self._thread_records_on_profiler:

@@ -18,7 +18,7 @@ from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.trainer import call
 
-from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
+from prototypes.common import RanksVote, refuse_mixed_step_signature, takes_dataloader_iter
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
@@ -110,6 +110,17 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         fetcher = self.trainer.fit_loop.prefetching_fetcher
         if fetcher is not None:
             self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
+
+    def _vote_since_the_last_call(self) -> RanksVote | None:
+        calls = self.trainer.fit_loop.prefetching_fetcher.calls
+        calls.peek_on_every_rank()  # the ranks vote here unless they did since the last call (or do not vote)
+        return calls.last_vote if calls.voted_before_call == calls.call.index else None
+
+    def _a_rank_ends_within_this_call(self) -> bool:
+        calls = self.trainer.fit_loop.prefetching_fetcher.calls
+        vote = calls.last_vote
+        # the vote before this call was made after the previous one (or before the epoch's first)
+        return vote is None or calls.voted_before_call != calls.call.index - 1 or vote.a_rank_ends_within_the_next_call
 
     @contextlib.contextmanager
     def _draining(self) -> Iterator[None]:

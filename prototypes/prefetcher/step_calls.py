@@ -12,7 +12,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import BATCHES_LEFT_WHEN_A_PEER_ENDED, StepCall, StepCalls, every_rank_has_a_batch
+from prototypes.common import BATCHES_LEFT_WHEN_A_PEER_ENDED, RanksVote, StepCall, StepCalls, vote
 from prototypes.prefetcher.producer import Produced
 
 
@@ -53,7 +53,69 @@ class HeldBatches:
         return 1 + (following.index(False) if False in following else len(following))
 
 
-class EpochStepCalls(HeldBatches, StepCalls):
+class RanksVoteBetweenCalls:
+    """The ranks' end-of-data vote between two step calls (``peek_on_every_rank``) and what it carries besides
+    (``RanksVote``). Part of ``EpochStepCalls``, on the loop's thread, under the record's ``lock``."""
+
+    trainer: pl.Trainer
+    lock: threading.RLock
+    call: StepCall
+    ranks_vote: bool  # whether the ranks vote on the end of data: off for one rank, and once they agreed it ended
+    voted_before_call: int | None  # the step call the ranks last agreed to start
+    last_vote: RanksVote | None  # what they agreed then
+    take_ahead: Callable[[], Produced | None] | None  # for ``ends_within_the_next_call``; None: no window to close
+    peek: Callable[[], Produced | None]
+    drop_rest: Callable[[], int]
+    available: Callable[..., int]
+
+    def peek_on_every_rank(self) -> Produced | None:
+        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
+
+        Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
+        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
+        end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
+        not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
+        vote it does not join would block the ranks that pull. The vote also carries what the loop needs to agree
+        on before the next call (``RanksVote``): it stands in for stock Lightning's broadcast before each call.
+        """
+        with self.lock:
+            head = self.peek()
+            if not (self.ranks_vote and self.vote_due()):
+                return head
+            self.voted_before_call = self.call.index
+            self.last_vote = vote(
+                self.trainer, head is not None, cut_short=self.call.cut_short,
+                ends_within_the_next_call=head is not None and self.ends_within_the_next_call(head),
+            )
+            if self.last_vote.every_rank_has_a_batch:
+                return head
+            if self.drop_rest():
+                warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=2)
+            self.ranks_vote = False  # every rank ended at this call; a rank asking again must not wait for a vote
+            return None
+
+    def ends_within_the_next_call(self, head: Produced) -> bool:
+        """Whether this rank's look-ahead sees its data end within the next call, if that call takes as many batches
+        as the last one did (at least one), where the next call would not close its accumulation window by its index.
+
+        Why: DDP's gradient all-reduce is skipped for a call inside a window and must run in the call that closes it;
+        a window the data's end closes early is closed by a call no index predicts. Every rank must make the same
+        choice before the call, so the look-ahead travels in the vote (``RanksVote``). A call that takes more
+        batches than its predecessor may still end the data unforeseen: the loop then synchronises that window once.
+        """
+        accumulate = self.trainer.accumulate_grad_batches
+        if self.take_ahead is None or accumulate == 1 or (self.call.index + 1) % accumulate == 0:
+            return False
+        expected = max(self.call.consumed, 1)
+        return self.available(expected + 1, head.dataloader_idx, self.take_ahead) <= expected
+
+    def vote_due(self) -> bool:
+        """Where the ranks vote at all (``ranks_vote``), whether they vote now: between two calls, once per call. Why
+        the callers check ``ranks_vote`` first: it is off for most runs, and they ask on every batch."""
+        return not self.call.open and self.voted_before_call != self.call.index
+
+
+class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
 
     ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
@@ -66,6 +128,7 @@ class EpochStepCalls(HeldBatches, StepCalls):
     def __init__(
         self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
+        take_ahead: Callable[[], Produced | None] | None = None,
     ) -> None:
         super().__init__(hook_name)
         self.trainer, self.take = trainer, take
@@ -74,9 +137,9 @@ class EpochStepCalls(HeldBatches, StepCalls):
         self.ahead: deque[Produced] = deque()
         self.released_ahead = 0
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
-        # whether the ranks vote on the end of data: off for one rank, and once the ranks agreed it ended
-        self.ranks_vote = ranks_vote
-        self.voted_before_call: int | None = None  # the step call the ranks last agreed to start
+        self.ranks_vote, self.take_ahead = ranks_vote, take_ahead
+        self.voted_before_call: int | None = None
+        self.last_vote: RanksVote | None = None
         # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
         self.taken_between_calls: list[tuple[Any, int]] = []
         self.consumed_loader_states = consumed_loader_states
@@ -85,32 +148,6 @@ class EpochStepCalls(HeldBatches, StepCalls):
         if self.head is None and not self.exhausted:
             self.head = self.take()
         return self.head
-
-    def peek_on_every_rank(self) -> Produced | None:
-        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
-
-        Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
-        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
-        end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
-        not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
-        vote it does not join would block the ranks that pull.
-        """
-        with self.lock:
-            head = self.peek()
-            if not (self.ranks_vote and self.vote_due()):
-                return head
-            self.voted_before_call = self.call.index
-            if every_rank_has_a_batch(self.trainer, head is not None):
-                return head
-            if self.drop_rest():
-                warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=2)
-            self.ranks_vote = False  # every rank ended at this call; a rank asking again must not wait for a vote
-            return None
-
-    def vote_due(self) -> bool:
-        """Where the ranks vote at all (``ranks_vote``), whether they vote now: between two calls, once per call. Why
-        the callers check ``ranks_vote`` first: it is off for most runs, and they ask on every batch."""
-        return not self.call.open and self.voted_before_call != self.call.index
 
     def hand_out(self, dataloader_idx: int) -> Produced:
         """The next batch of ``dataloader_idx``, handed to the step (under ``lock``): recorded in the running call, or

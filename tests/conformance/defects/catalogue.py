@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pytorch_lightning.loops.fit_loop import _FitLoop
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.utilities.data import extract_batch_size
 
 import prototypes.common as common
@@ -10,7 +11,7 @@ from prototypes import batches_per_call, lightning_changes
 from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
 from prototypes.batch_processor import training as bp_training
-from prototypes.lightning_changes import log_batch_size
+from prototypes.lightning_changes import log_batch_size, optimization
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import loops as prefetch_loops
 from prototypes.prefetcher import options as prefetch_options
@@ -48,6 +49,7 @@ from tests.conformance.defects.replacements import (
     _skips_the_vote_for_equal_shards,
     _step_after_a_cut_short_call,
     _stop_forgetting_the_thread,
+    _this_ranks_vote_alone,
     _transfer_without_after_hook,
     _transfer_without_precision,
     _validates_on_multiples_only,
@@ -77,6 +79,7 @@ C13 = "test_c13_interrupts.py::"
 C14 = "test_c14_misuse.py::"
 C15 = "test_c15_evaluation.py::"
 C16 = "test_c16_distributed.py::"
+C16_COST = "test_c16_collectives.py::"
 C17 = "test_c17_pipelining.py::"
 C18 = "test_c18_features.py::"
 C19 = "test_c19_real_pipelines.py::"
@@ -282,8 +285,21 @@ CATALOGUE: tuple[Defect, ...] = (
            (C15 + "test_multiple_dataloaders_each_sequence_once_with_its_dataloader_idx",), "validate and " + SIZED),
     # C16 Distributed
     Defect("no_end_of_data_vote", "C16", "prefetcher", "ends an uneven shard's epoch without the ranks' vote",
-           (prefetch_step_calls, "every_rank_has_a_batch"), _instead(lambda trainer, has_batch: has_batch),
+           (prefetch_step_calls, "vote"), _instead(_this_ranks_vote_alone),
            (C16 + "test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error",)),
+    Defect("vote_beside_the_sigterm_broadcast", "C16", "prefetcher",
+           "keeps stock Lightning's SIGTERM broadcast before each step call beside the ranks' vote",
+           (lightning_changes.BatchCountingEpochLoop, "_broadcast_sigterm_tensor"),
+           _instead(_TrainingEpochLoop._broadcast_sigterm_tensor),
+           (C16_COST + "test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one",)),
+    Defect("every_backward_synchronises", "C16", "prefetcher",
+           "all-reduces the gradients in every backward of an accumulation window, not once per window",
+           (optimization, "blocks_gradient_sync"), _instead(lambda trainer, call: False),
+           (C16_COST + "test_accumulation_all_reduces_gradients_once_per_window",)),
+    Defect("window_closed_unforeseen_left_unsynchronised", "C16", "prefetcher",
+           "steps the optimizer on a window whose last call skipped DDP's all-reduce without averaging its gradients",
+           (optimization, "average_gradients_over_ranks"), _instead(lambda model: None),
+           (C16_COST + "test_a_window_the_data_ends_unforeseen_is_synchronised_once",)),
     Defect("vote_skipped_for_equal_shards", "C16", "prefetcher",
            "skips the ranks' vote for equal DistributedSampler shards, whatever number of batches each call takes",
            (prefetch_fetcher, "end_of_data_vote_needed"), _skips_the_vote_for_equal_shards,

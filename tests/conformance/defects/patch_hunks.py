@@ -20,8 +20,9 @@ def _as_released(owner: type, name: str):
     return lambda _patched: released_method(owner, name)
 
 
-C07, C09, C10, C11, C14, C18 = (
-    f"test_c{n}.py::" for n in ("07_limits", "09_optimisation", "10_logging", "11_resume", "14_misuse", "18_features")
+C07, C09, C10, C11, C14, C16, C18 = (
+    f"test_c{n}.py::" for n in ("07_limits", "09_optimisation", "10_logging", "11_resume", "14_misuse",
+                                "16_collectives", "18_features")
 )
 SIZED = "sized and not unsized"
 
@@ -44,6 +45,12 @@ PATCH_HUNK_DEFECTS = [
            "completes one batch of the saving call on resume (item 6's hunk in the epoch loop's `reset` undone)",
            (_TrainingEpochLoop, "reset"), _as_released(_TrainingEpochLoop, "reset"),
            (C11 + "test_resume_delivers_exactly_the_unconsumed_batches",)),
+    Defect("patch_item_8_sigterm_broadcast_beside_the_vote", "C16", "patched",
+           "broadcasts the SIGTERM flag before each step call as released, beside the ranks' vote (item 8's hunk in"
+           " `_broadcast_sigterm_tensor` undone)",
+           (_TrainingEpochLoop, "_broadcast_sigterm_tensor"),
+           _as_released(_TrainingEpochLoop, "_broadcast_sigterm_tensor"),
+           (C16 + "test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one",)),
     Defect("patch_item_9_log_needs_batch_size", "C10", "patched",
            "asks `self.log` for `batch_size=` as released (item 9's hunk in `LightningModule.log` undone)",
            (LightningModule, "log"), _as_released(LightningModule, "log"),

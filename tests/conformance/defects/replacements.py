@@ -12,6 +12,7 @@ from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.trainer import call
 
 from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
+from prototypes.common import RanksVote
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import prefetch_thread
 from prototypes.prefetcher import producer as prefetch_producer
@@ -277,6 +278,11 @@ def _discards_silently(trainer: Any, consumed: int) -> None:
 def _divides_the_runs_batches(trainer: Any, batches_per_call: int, last_call_trained: bool = True) -> float:
     """The formula the RFC used to give: the run's batches divided by the batches per call."""
     return trainer.estimated_stepping_batches // batches_per_call
+
+
+def _this_ranks_vote_alone(trainer: Any, has_batch: bool, **flags: bool) -> Any:
+    """The ranks' vote answered from this rank alone: no collective."""
+    return RanksVote(has_batch, flags.get("cut_short", False), flags.get("ends_within_the_next_call", False))
 
 
 def _skips_the_vote_for_equal_shards(original: Callable[..., Any]) -> Callable[..., Any]:
