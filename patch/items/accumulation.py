@@ -5,19 +5,23 @@ from patch.items import Item
 from patch.items.look_ahead import LIGHTNING_PACKAGE
 from patch.transplant import methods_source
 from prototypes.lightning_changes.optimization import StepFirstAutomaticOptimization
-from prototypes.prefetcher.loops import _StepCallAutomaticOptimization
+from prototypes.prefetcher.loops import _PrefetchingEpochLoop, _StepCallAutomaticOptimization
 
 
 def _step_after_the_call(source: LightningSource) -> None:
     automatic = source.module("loops.optimization.automatic")
     automatic.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
-    automatic.add_import(f"from {LIGHTNING_PACKAGE}.cut_short import discard_cut_short_call")
+    automatic.add_import(
+        f"from {LIGHTNING_PACKAGE}.optimization import average_gradients_over_ranks, blocks_gradient_sync,"
+        " discard_cut_short_call"
+    )
     automatic.add_import(f"from {LIGHTNING_PACKAGE}.common import StepCall")
     automatic.insert_in_body(
         "_AutomaticOptimization.__init__",
         """
         self._window_open = False  # gradients accumulated since the last optimizer step (a step pulling batches)
         self._window_loss: Optional[Tensor] = None  # the loss of the window's last call
+        self._window_unsynced = False  # the window's last backward skipped DDP's gradient all-reduce
         """,
         after=assigns("self._skip_backward"),
     )
@@ -41,6 +45,8 @@ def _step_after_the_call(source: LightningSource) -> None:
     )
 
     epoch_loop = source.module("loops.training_epoch_loop")
+    epoch_loop.insert(methods_source(_PrefetchingEpochLoop, ("_a_rank_ends_within_this_call",)),
+                      after="_TrainingEpochLoop._accumulated_batches_reached")
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop.on_run_start",
         """
@@ -70,7 +76,10 @@ batches tells only by returning whether it took the epoch's last batch (which cl
 call cut short by `StopIteration` must not reach `optimizer.step`. With `dataloader_iter`, the closure (step,
 `zero_grad`, backward) now runs first and the optimizer steps afterwards with the loss already computed, or the window
 stays open; `accumulate_grad_batches` counts step calls, the epoch's last call closes the window, and a drain call is a
-window of its own. The regular flavour's path is unchanged.
+window of its own. Under DDP a call inside a window skips the gradient all-reduce, as the regular flavour's does: the
+ranks decide it before the call from its index and their look-ahead (carried in the end-of-data vote), and a window
+the data closes unforeseen has its gradients averaged once before the optimizer steps. The regular flavour's path is
+unchanged.
 """,
     _step_after_the_call,
 )

@@ -15,11 +15,12 @@ def _drain(source: LightningSource) -> None:
         " configured_optimizer_steps, drain, epoch_stopped_early"
     )
     epoch_loop.add_import("import warnings")
-    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import every_rank_has_a_batch")
+    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import RanksVote, every_rank_has_a_batch")
     epoch_loop.add_import("from collections.abc import Iterator")
     epoch_loop.insert(
         methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",
-                                               "_consumed_by_last_call", "_draining", "_run_drain_call"))
+                                               "_consumed_by_last_call", "_draining", "_run_drain_call",
+                                               "_vote_since_the_last_call"))
         + "\n"
         + methods_source(DrainsHeldBatches, ("_drain_if_the_data_ended", "_drain_held_batches", "_drain_call")),
         after="_TrainingEpochLoop.advance",
@@ -45,7 +46,8 @@ epoch's last batch has been handed out; Lightning ended the epoch and dropped th
 batch, the loop now calls the step again with the exhausted iterator (`done` True on entry) until a call raises
 `StopIteration` or does no work (returns nothing and steps no optimizer), before the epoch-end validation. A drain call
 has no batch hooks and counts no batch; one that steps an optimizer is a step of the loop (schedulers, a logger row of
-its own). Under DDP the ranks vote after every drain call, so all make the same number.
+its own). Under DDP the ranks vote after every drain call, so all make the same number; whether they drain at all
+travels in the vote between the calls (no collective of its own).
 """,
     _drain,
 )

@@ -73,9 +73,12 @@ Drain calls: the step called again after the last batch, so that a pipelining st
 A step taking several batches per call: the warning for a call the data cut short, and the number of optimizer steps
 a schedule should be sized for.
 """),
-    "cut_short": (prototypes.lightning_changes.optimization, {"discard_cut_short_call"}, (), """
-A training step call cut short by the end of the data: no optimizer step for its batches, its gradients discarded
-under manual optimisation, and the user told once per fit.
+    "optimization": (prototypes.lightning_changes.optimization,
+                     {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, (), """
+What the optimisation loops do for a step taking ``dataloader_iter``: a training step call cut short by the end of the
+data (no optimizer step for its batches, its gradients discarded under manual optimisation, the user told once per
+fit), and under DDP which calls skip the gradient all-reduce and how a window the data closed unforeseen is
+synchronised once.
 """),
     "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, (), """
 ``self.log``'s batch size for a step taking ``dataloader_iter``: the samples in the batches it consumed.

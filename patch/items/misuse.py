@@ -25,7 +25,7 @@ def _refuse_misuse(source: LightningSource) -> None:
         "_select_data_fetcher", "_refuse_mixed_step_signature(step_fx, step_fx_name)", before=calls("rank_zero_warn")
     )
     manual = source.module("loops.optimization.manual")
-    manual.add_import(f"from {LIGHTNING_PACKAGE}.cut_short import discard_cut_short_call")
+    manual.add_import(f"from {LIGHTNING_PACKAGE}.optimization import discard_cut_short_call")
     manual.replace_statement(
         "_ManualOptimization.run",
         lambda node: isinstance(node, ast.With),

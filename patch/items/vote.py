@@ -1,4 +1,4 @@
-"""[RFC 8] Under DDP the ranks agree on the end of data before each step call."""
+"""[RFC 8] Under DDP the ranks agree on the end of data before each step call, in stock's collective."""
 
 from patch.edits import LightningSource
 from patch.items import Item
@@ -22,8 +22,21 @@ def _vote(source: LightningSource) -> None:
         at_end=True,
     )
     epoch_loop.insert(
-        methods_source(BatchCountingEpochLoop, ("_every_rank_has_a_batch", "_ranks_vote_every_step")),
-        after="_TrainingEpochLoop._drain_call",
+        methods_source(BatchCountingEpochLoop, ("_ranks_vote_every_step",)), after="_TrainingEpochLoop._drain_call"
+    )
+    epoch_loop.insert_in_body(
+        "_TrainingEpochLoop._broadcast_sigterm_tensor",
+        """
+        vote = self._vote_since_the_last_call() if self.trainer.fit_loop.prefetching_fetcher is not None else None
+        if vote is not None:
+            # the ranks' vote between the step calls carried rank 0's SIGTERM flag: no broadcast of its own
+            if vote.sigterm:
+                with contextlib.suppress(Exception):
+                    torch.distributed.barrier()  # prevent deadlocks by syncing all ranks before exit
+                raise SIGTERMException()
+            return
+        """,
+        at_start=True,
     )
 
 
@@ -34,8 +47,13 @@ ITEM = Item(
 Under DDP each step call ends in a gradient all-reduce. A rank whose data ends first (an unevenly sharded
 IterableDataset, or a step that takes a different number of batches per call on each rank) stopped while its peers
 waited in that collective until the process-group timeout. With `dataloader_iter`, the ranks now agree on the end of
-data before each step call and after each drain call (one all-reduce of a one-element flag), so all stop at the same
-call. The vote lives in the fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
+data between two step calls and after each drain call, so all stop at the same call. The vote between two calls is
+the collective Lightning already makes there: one all-reduce carries rank 0's SIGTERM flag (which
+`_broadcast_sigterm_tensor` broadcast), whether each rank has a batch, whether a rank's call was cut short (the drain
+decision) and whether a rank's look-ahead sees its data end within the next call (the accumulation window's gradient
+sync). A step call costs one collective and one host read, as a batch of the regular flavour does; each epoch adds one,
+the vote after its last call, where each rank of the regular flavour knows its loader's end alone. The vote lives in
+the fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
 """,
     _vote,
 )
