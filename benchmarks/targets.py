@@ -78,6 +78,13 @@ TARGETS = {
         compare="<=",
         threshold=1.0,
     ),
+    "S7": dict(
+        what="time per step call of each design's dataloader_iter flavour (one batch per call) over stock Lightning's"
+             " regular flavour's time per batch, under DDP on 2 gloo ranks, tiny model (S7)",
+        metric="overhead_vs_regular",
+        compare="<=",
+        threshold=1.01,
+    ),
 }
 
 NOMINAL_RATIOS = (("L_over_C", "L/C"), ("M_over_C", "M/C"))
@@ -87,7 +94,8 @@ def _design(row: dict[str, Any], designs: Mapping[str, Design]) -> Design | None
     return designs.get(row["design"].split("[")[0])  # a row names a design or one of its variants
 
 
-OWN_COST = {"S2": None, "S3": "dataloader_iter", "S3-regular": "regular"}  # target -> the flavour it judges
+OWN_COST = {"S2": None, "S3": "dataloader_iter", "S3-regular": "regular", "S7": "dataloader_iter"}  # -> its flavour
+JUDGED_WORLD_SIZE = 2  # S7 judges 2 ranks: on this machine's 2 cores, more ranks wait for the scheduler
 
 
 def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> bool:
@@ -99,7 +107,9 @@ def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> 
     if target == "S4":
         return isinstance(row.get("depth"), int)
     if target in OWN_COST:
-        return row.get("configuration") == SHIPS and OWN_COST[target] in (None, row["flavour"])
+        world = row.get("world_size", JUDGED_WORLD_SIZE)
+        return row.get("configuration") == SHIPS and OWN_COST[target] in (None, row["flavour"]) and (
+            world == JUDGED_WORLD_SIZE)
     design = _design(row, designs)
     judged = thread_configuration(design) if design is not None else None  # None: the design does not prefetch
     return judged is not None and row.get("configuration") == judged and (target != "S1" or row.get("L_over_C") == 1.0)

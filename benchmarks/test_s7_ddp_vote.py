@@ -1,12 +1,15 @@
-"""S7 the DDP end-of-data vote: what the ranks' agreement on the end of data costs per step call, on 2-rank gloo.
+"""S7 a step call under DDP: what a `dataloader_iter` step call costs against a batch of stock's regular flavour.
 
-Under DDP a design that counts batches votes before each step call on whether every rank still has a batch
-(``prototypes.common.every_rank_has_a_batch``: an all-reduce of one flag and a host sync), with more than one rank
-(``end_of_data_vote_needed``). Two CPU ranks on gloo (forked, as
-``tests/conformance/ddp.py`` launches them) each run a real Trainer's fit with stock Lightning's DDP strategy; on
-the first training batch, with the process group up, rank 0 times rounds of ``VOTES`` calls of the vote, and the
-fit then times its tiny step (the S3 model: a Linear layer, batch of 1) over a steady-state window, so the vote's
-cost is shown against the step it would be added to. The vote is the design's real function on the real Trainer.
+Under DDP a design that counts batches votes on the end of data between two step calls. The recommended design
+carries the vote in the collective stock Lightning makes there anyway (rank 0's SIGTERM broadcast before every
+batch), so a call should cost what a regular batch costs. Measured on ``WORLD_SIZES`` CPU ranks on gloo (forked
+processes on this machine, as ``tests/conformance/ddp.py`` launches them): every rank alternates, round by round,
+a fit of stock Lightning's regular flavour and a fit of each design's flavour as it ships (one batch per call, the
+S3 step: a Linear layer, batch of 1), and rank 0 times each fit's calls over its steady-state window. The ratio
+per round (the design's time per call over stock's time per batch, both from the same round) gives the median and
+its 95 % interval; the S7 target judges it at 2 ranks. Larger worlds run the recommended design only: with more
+processes than cores each rank waits for the scheduler as much as for its peers, so they show the trend, not the
+cost a cluster would see.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,59 +31,80 @@ from pytorch_lightning.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader
 
-from benchmarks import intervals, measuring, workloads
+from benchmarks import entries, intervals, measuring, workloads
 from harness_common import QUIET
-from prototypes.common import every_rank_has_a_batch
+from prototypes import DESIGNS
+from prototypes.common import Design
 
 pytestmark = [
-    pytest.mark.benchmark(group="S7 DDP end-of-data vote (time per vote)", timer=measuring.span_clock),
-    pytest.mark.timeout(300),
+    pytest.mark.benchmark(group="S7 a step call under DDP (time per call)", timer=measuring.span_clock),
+    pytest.mark.timeout(1800),
 ]
 
-WORLD = 2
-VOTES = 200  # votes per round: one round's time divided by this is one vote's cost
-LAUNCH_DEADLINE_S = 240
+WORLD_SIZES = (2, 4, 8)
+RECOMMENDED = "prefetcher"  # the design the larger worlds run (the RFC's recommendation)
+STOCK_REGULAR = "stock regular"
+SKIP = 10  # calls before each fit's timed window
 
 
-class VotingModule(pl.LightningModule):
-    """The S3 step (tiny Linear, regular flavour); its first batch, on rank 0, times rounds of the vote."""
+class TinyStep(pl.LightningModule):
+    """The S3 step: a Linear layer, batch of 1; records when each call starts (rank 0 reads the window)."""
 
-    def __init__(self, rounds: int, batches: int, out: Path) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(8, 1)
-        self.rounds, self.batches, self.out = rounds, batches, out
-        self.vote_s: list[float] = []
-        self.received_at: list[float] = []
+        self.started_at: list[float] = []
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        if batch_idx == 0:
-            for _ in range(self.rounds):  # every rank votes alike: the all-reduce needs both
-                start = time.perf_counter()
-                for _ in range(VOTES):
-                    every_rank_has_a_batch(self.trainer, True)
-                self.vote_s.append((time.perf_counter() - start) / VOTES)
-        self.received_at.append(time.perf_counter())
+    def loss(self, batch: torch.Tensor) -> torch.Tensor:
+        self.started_at.append(time.perf_counter())
         return self.layer(batch).pow(2).mean()
 
-    def on_train_end(self) -> None:
-        if self.global_rank == 0:
-            skip = min(4, len(self.received_at) - 2)
-            step_s = (self.received_at[-1] - self.received_at[skip]) / (len(self.received_at) - 1 - skip)
-            self.out.write_text(json.dumps(dict(vote_s=self.vote_s, step_s=step_s)))
+    def per_call_s(self) -> float:
+        timed = self.started_at[SKIP:]
+        return (timed[-1] - timed[0]) / (len(timed) - 1)
 
 
-def _rank(rank: int, port: int, rounds: int, batches: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), NODE_RANK="0",
+class RegularTinyStep(TinyStep):
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.loss(batch)
+
+
+class IterTinyStep(TinyStep):
+    def training_step(self, dataloader_iter) -> torch.Tensor:
+        batch, _, _ = next(dataloader_iter)
+        return self.loss(batch)
+
+
+def _entries(world: int) -> dict[str, Callable[..., pl.Trainer]]:
+    """What a world runs: stock's regular flavour, then each runnable design's shipped flavour (the recommended one
+    only beyond 2 ranks)."""
+    designs = {name: design for name, design in DESIGNS.items() if design.unavailable_reason() is None}
+    if world > 2:
+        designs = {RECOMMENDED: designs[RECOMMENDED]}
+    return {STOCK_REGULAR: pl.Trainer, **{design.id: design.trainer for design in designs.values()}}
+
+
+def _rank(rank: int, world: int, port: int, rounds: int, batches: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), NODE_RANK="0",
                       LOCAL_RANK=str(rank), RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(1)
-    strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
-    trainer = pl.Trainer(**{**QUIET, "devices": WORLD, "strategy": strategy, "default_root_dir": out})
-    data = DataLoader(torch.randn(batches * WORLD, 1, 8), batch_size=None)  # Lightning shards it per rank
-    with workloads.quiet():
-        trainer.fit(VotingModule(rounds, batches, Path(out) / "rank0.json"), train_dataloaders=data)
+    data = DataLoader(torch.randn(batches * world, 1, 8), batch_size=None)  # Lightning shards it per rank
+    timings: dict[str, list[float]] = {}
+    runs = _entries(world)
+    for round_index in range(rounds):
+        order = list(runs) if round_index % 2 == 0 else list(reversed(runs))  # ABBA: drift falls on both alike
+        for entry in order:
+            strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
+            trainer = runs[entry](**{**QUIET, "devices": world, "strategy": strategy, "default_root_dir": out})
+            module = RegularTinyStep() if entry == STOCK_REGULAR else IterTinyStep()
+            with workloads.quiet():
+                trainer.fit(module, train_dataloaders=data)
+            timings.setdefault(entry, []).append(module.per_call_s())
+    if rank == 0:
+        (Path(out) / f"rank0-{world}.json").write_text(json.dumps(timings))
 
 
 def _free_port() -> int:
@@ -88,15 +113,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_votes(rounds: int, batches: int, out: Path) -> dict:
-    """Launch the two ranks, wait for them (killing them at the deadline), return rank 0's timings."""
+def measure_world(world: int, rounds: int, batches: int, out: Path, deadline_s: float) -> dict[str, list[float]]:
+    """Launch ``world`` ranks, wait for them (killing them at the deadline), return rank 0's seconds per call for
+    each entry, one per round."""
     context = multiprocessing.get_context("fork")
     port = _free_port()
-    procs = [context.Process(target=_rank, args=(rank, port, rounds, batches, str(out))) for rank in range(WORLD)]
+    procs = [context.Process(target=_rank, args=(rank, world, port, rounds, batches, str(out)))
+             for rank in range(world)]
     try:
         for proc in procs:
             proc.start()
-        deadline = time.monotonic() + LAUNCH_DEADLINE_S
+        deadline = time.monotonic() + deadline_s
         for proc in procs:
             proc.join(max(0.0, deadline - time.monotonic()))
     finally:
@@ -104,24 +131,32 @@ def measure_votes(rounds: int, batches: int, out: Path) -> dict:
             if proc.is_alive():
                 proc.kill()
             proc.join(10)
-    result = out / "rank0.json"
+    result = out / f"rank0-{world}.json"
     if not result.exists():
-        raise AssertionError(f"the 2-rank vote benchmark reported nothing (exit codes {[p.exitcode for p in procs]})")
+        raise AssertionError(f"the {world}-rank S7 run reported nothing (exit codes {[p.exitcode for p in procs]})")
     return json.loads(result.read_text())
 
 
-def test_s7_ddp_vote(benchmark, bench, tmp_path: Path) -> None:
-    rounds = bench.sizes.rounds
-    batches = bench.sizes.s3_batches
-    timings = measure_votes(rounds, batches, tmp_path)
-    assert len(timings["vote_s"]) == rounds
-    probes = [measuring.Probe() for _ in timings["vote_s"]]
-    measuring.report(benchmark, measuring.Measurement(timings["vote_s"], probes))
-    vote_us = intervals.summary([s * 1e6 for s in timings["vote_s"]], digits=2)
-    step_us = timings["step_s"] * 1e6
-    row = dict(design="every_rank_has_a_batch", role="design", flavour="regular", world_size=WORLD, backend="gloo",
-               votes_per_round=VOTES, vote_us=vote_us["value"], vote_us_interval=vote_us["interval"],
-               tiny_step_us=measuring.rounded(step_us, 1),
-               vote_share_of_tiny_step=measuring.rounded(statistics.median(timings["vote_s"]) / timings["step_s"]),
-               rounds=rounds)
-    bench.record(benchmark, "S7", row)
+@pytest.mark.parametrize("world", WORLD_SIZES)
+def test_s7_step_call_under_ddp(benchmark, bench, tmp_path: Path, world: int) -> None:
+    rounds = max(bench.sizes.rounds, intervals.MIN_ROUNDS) if bench.measuring else 1
+    if world > 2 and not bench.measuring:
+        pytest.skip("larger worlds are measured in benchmark mode only; the smoke run launches 2 ranks")
+    batches = bench.sizes.s3_batches + SKIP
+    timings = measure_world(world, rounds, batches, tmp_path, deadline_s=60 + 30 * rounds * world)
+    stock = timings.pop(STOCK_REGULAR)
+    assert all(len(per_round) == rounds for per_round in timings.values()), timings
+    measuring.report(benchmark, measuring.Measurement(stock, [measuring.Probe() for _ in stock]))
+    for entry, per_round in timings.items():
+        design = _design(entry)
+        ratio = intervals.summary([call / batch for call, batch in zip(per_round, stock, strict=True)])
+        row = dict(**entries.design_fields(design), flavour="dataloader_iter", world_size=world, backend="gloo",
+                   t_call_us=measuring.rounded(statistics.median(per_round) * 1e6, 1),
+                   t_regular_us=measuring.rounded(statistics.median(stock) * 1e6, 1),
+                   overhead_vs_regular=ratio["value"], overhead_vs_regular_interval=ratio["interval"],
+                   timed_batches=batches - SKIP - 1, rounds=rounds)
+        bench.record(benchmark, "S7", row)
+
+
+def _design(entry: str) -> Design:
+    return next(design for design in DESIGNS.values() if design.id == entry)

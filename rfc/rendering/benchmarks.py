@@ -25,7 +25,7 @@ SCENARIOS = {
     "S5": "GPU: pinned-memory host-to-device copies against compute",
     "S6": "Main-process work in the transfer hooks, loading in workers: efficiency and time against the alternatives",
     "S3-profile": "Where the extra time per batch goes: a main-thread profile against stock Lightning's regular one",
-    "S7": "The ranks' end-of-data vote under DDP: one vote's time against a tiny step",
+    "S7": "A step call under DDP: its time against a batch of stock's regular flavour, on 2, 4 and 8 gloo ranks",
 }
 COLUMN_LABELS = {
     "design": "Design",
@@ -85,6 +85,10 @@ COLUMN_LABELS = {
     "batch_mib": "batch (MiB)",
     "weights_max_abs_diff": "max weight difference",
     "correct": "correct",
+    "world_size": "ranks",
+    "backend": "backend",
+    "t_call_us": "µs per step call",
+    "t_regular_us": "stock regular µs per batch",
 }
 TARGETS_COLUMN = "targets"
 # Per scenario: the lead table's columns and the details table's; the rows they show (roles).
@@ -117,6 +121,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
                         "vs_fixed_depth", "rounds"],
                raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
                     "vs_nodes_prefetch"]),
+    "S7": dict(lead=["design", "world_size", "t_call_us", "t_regular_us", "overhead_vs_regular", TARGETS_COLUMN],
+               details=["design", "world_size", "backend", "timed_batches", "rounds"]),
     "S3-profile": dict(lead=["design", "function", "extra_us_per_batch", "us_per_batch", "stock_us_per_batch"],
                        details=[]),
 }
