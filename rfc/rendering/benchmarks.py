@@ -9,6 +9,7 @@ follow in a collapsed ``<details>`` block. The setup line and the run's warning 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -303,3 +304,48 @@ def block_bench_notes(inputs: Inputs, page_dir: Path) -> str:
         notes = _notes_table(data.get("notes")) or "No run notes recorded."
         out.append(f"**Run notes** ({code('benchmarks-' + kind + '.json')})\n\n{notes}")
     return "\n\n".join(out)
+
+
+# The model that carries S7's per-call cost to large worlds. Assumptions, stated where the block renders them:
+# NCCL reduces a message this small with a tree, so a collective costs per-hop latency times its passes over the
+# tree's depth (log2 of the ranks); a broadcast makes one pass (down), an all-reduce two (up, then down); the payload
+# (one int against four) adds nothing measurable at that size; the host read after it costs what stock's does.
+MODEL_WORLDS = (64, 256, 1024, 4096)
+MODEL_HOP_LATENCY_US = (5.0, 10.0)  # assumed per-hop latency of a small NCCL message, low and high
+
+
+def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
+    """What a step call costs under DDP: S7's measured points per world size, then the model for large worlds."""
+    if not inputs.benchmarks:
+        return no_results("benchmark results", BENCHMARK_COMMAND)
+    parts = []
+    for kind, data in inputs.benchmarks.items():
+        rows = [r for r in data["scenarios"].get("S7") or [] if r.get("world_size") and r.get("t_call_us")]
+        if not rows:
+            parts.append(f"No S7 step-call rows in {code('benchmarks-' + kind + '.json')}.")
+            continue
+        body = [[_design_cell(r), str(r["world_size"]), fmt_number("t_call_us", r["t_call_us"]),
+                 fmt_number("t_regular_us", r["t_regular_us"]),
+                 with_interval("overhead_vs_regular", r.get("overhead_vs_regular"),
+                               r.get("overhead_vs_regular_interval")),
+                 fmt_number("t_call_us", r["t_call_us"] - r["t_regular_us"])] for r in rows]
+        measured = table(["Design", "ranks", "µs per step call", "stock regular µs per batch", "ratio",
+                          "difference (µs)"], body, ["---", "--:", "--:", "--:", "--:", "--:"])
+        parts.append(f"Measured ({code('benchmarks-' + kind + '.json')}, S7, gloo on this machine's cores):\n\n"
+                     + measured)
+    low, high = MODEL_HOP_LATENCY_US
+    model = [[str(world), str(int(math.log2(world))),
+              f"{math.log2(world) * low:.0f} to {math.log2(world) * high:.0f}",
+              f"{2 * math.log2(world) * low:.0f} to {2 * math.log2(world) * high:.0f}"] for world in MODEL_WORLDS]
+    parts.append(
+        "The model for larger worlds on NCCL, per step call: the same number of collectives and host reads as stock"
+        " Lightning's regular flavour, but an all-reduce where stock broadcasts. Assumed: NCCL reduces a message this"
+        " small with a tree, so a collective costs the per-hop latency times its passes over the tree's depth"
+        " (log2 of the ranks; one pass for a broadcast, two for an all-reduce); the payload (four flags against one)"
+        f" adds nothing measurable; a small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
+        " NVLink, or per switch hop over InfiniBand). So a step call pays one extra pass, log2(ranks) hops, over"
+        " stock's regular flavour, and each epoch one more vote, two passes. The gloo points above, with more"
+        " processes than cores beyond 2 ranks, show the form, not NCCL's magnitude.\n\n"
+        + table(["ranks", "tree depth", "extra µs per step call", "µs per epoch (the last vote)"], model,
+                ["--:", "--:", "--:", "--:"]))
+    return "\n\n".join(parts)

@@ -16,6 +16,7 @@ from rendering.benchmarks import (
     block_bench_other,
     block_bench_setup,
     block_bench_targets,
+    block_ddp_cost_model,
 )
 from rendering.conformance import (
     MATRIX_PAGE,
@@ -64,6 +65,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "bench-s6": bench_block("S6"),
     "bench-s3-profile": bench_block("S3-profile"),
     "bench-s7": bench_block("S7"),
+    "ddp-cost-model": block_ddp_cost_model,
     "bench-other": block_bench_other,
     "bench-notes": block_bench_notes,
     "plot-efficiency": plot_block("plot-efficiency"),
@@ -131,7 +133,8 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         ("S4: jitter, and memory by prefetch depth", "bench-s4"),
         ("Memory by depth", "plot-memory"),
         ("S5: GPU copies against compute", "bench-s5"),
-        ("S7: the end-of-data vote under DDP", "bench-s7"),
+        ("S7: a step call under DDP", "bench-s7"),
+        ("What a step call costs on many ranks", "ddp-cost-model"),
         ("Other scenarios", "bench-other"),
         ("Run notes", "bench-notes"),
     ]
