@@ -18,6 +18,7 @@ into the failure message and is killed.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import multiprocessing
 import os
@@ -174,6 +175,10 @@ def _result_path(outdir: str, run: tuple, rank: int) -> Path:
 def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit=_fit_on_rank) -> None:
     """One rank of one process group: ``fit(design, rank, *run)`` per run, each outcome written as JSON the moment
     it is known."""
+    # Why: a rank is forked from the test process, whose heap grows over a suite run; without this, every garbage
+    # collection in the rank walks (and so copies, page by page) that inherited heap. Late in a full run C19's
+    # two-stage Megatron launch took over 30 s this way, 3 s when run alone.
+    gc.freeze()
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), NODE_RANK="0",
         LOCAL_RANK=str(rank), RANK=str(rank), GLOO_SOCKET_IFNAME="lo",
@@ -190,8 +195,7 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit
         path.with_suffix(".tmp").write_text(json.dumps(outcome))
         path.with_suffix(".tmp").rename(path)
     # Why exit here rather than return: the process's own teardown (multiprocessing's exit, its threads, the
-    # destruction of the process groups) is not under test, and late in a full suite run ranks whose fits had all
-    # returned were still in it at the launch deadline (C19's two-stage Megatron launch, on three designs in a row).
+    # destruction of the process groups) is not under test, and it is where a slow rank spends its last seconds.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
