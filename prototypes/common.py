@@ -99,38 +99,58 @@ class Design:
 class RanksVote:
     """What the ranks agreed between two step calls (``vote``): whether every rank has a batch for the next call,
     whether any rank's last call was cut short by its data's end, whether any rank's look-ahead sees its data end
-    within the next call, and rank 0's SIGTERM flag (what stock Lightning broadcasts before every call)."""
+    within the next call, whether every rank's step pulled batches ahead (``pulled_ahead``: the drain rule) and rank
+    0's SIGTERM flag (what stock Lightning broadcasts before every call)."""
 
     every_rank_has_a_batch: bool
     a_call_was_cut_short: bool = False
     a_rank_ends_within_the_next_call: bool = False
     sigterm: bool = False
+    every_rank_pulled_ahead: bool = False
 
 
 def vote(
-    trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False
+    trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False,
+    pulled_ahead: bool = False,
 ) -> RanksVote:
-    """The ranks' vote on the end of data: one all-reduce(MAX) of four flags and one host read of its result.
+    """The ranks' vote on the end of data: one all-reduce(MAX) of five flags and one host read of its result.
 
     Why: under DDP each step call ends in a gradient all-reduce. A rank whose data ends early and stops would leave
     its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258), so all
-    ranks must stop at the same step call. Why four flags in one collective: stock Lightning already broadcasts rank
+    ranks must stop at the same step call. Why the flags in one collective: stock Lightning already broadcasts rank
     0's SIGTERM flag before every step call (``_TrainingEpochLoop._broadcast_sigterm_tensor``, a collective and a
     host sync); carried here (only rank 0 sets it, so MAX is that broadcast), it makes the vote cost no collective
-    and no host sync that stock does not pay. Without a process group it answers from this rank alone.
+    and no host sync that stock does not pay. Why "every rank pulled ahead" rather than "any": a drain call in which
+    one rank trains a held batch and a peer, holding none, ends the draining would pair that batch's gradient
+    all-reduce with nothing; the ranks drain only where all hold batches. Without a process group it answers from
+    this rank alone.
     """
     import torch
     import torch.distributed as dist
 
     received_sigterm = bool(getattr(trainer, "received_sigterm", False))
     if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-        return RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm)
+        return RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm, pulled_ahead)
     sigterm = received_sigterm and trainer.global_rank == 0
-    flags = [int(sigterm), int(not has_batch), int(cut_short), int(ends_within_the_next_call)]
+    flags = [int(sigterm), int(not has_batch), int(cut_short), int(ends_within_the_next_call), int(not pulled_ahead)]
     agreed = torch.tensor(flags, device=trainer.strategy.root_device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    sigterm_flag, a_rank_has_none, cut, ends = agreed.tolist()
-    return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag))
+    try:
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    except RuntimeError as error:  # torch.distributed's DistError and the backends' timeouts
+        if cut_short:
+            raise RuntimeError(VOTE_FAILED_AFTER_A_CALL_CUT_SHORT.format(rank=trainer.global_rank)) from error
+        raise
+    sigterm_flag, a_rank_has_none, cut, ends, a_rank_did_not_pull_ahead = agreed.tolist()
+    return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag), not a_rank_did_not_pull_ahead)
+
+
+VOTE_FAILED_AFTER_A_CALL_CUT_SHORT = (
+    "rank {rank}'s step call was cut short by the end of its data (StopIteration inside the step), and the ranks'"
+    " end-of-data vote after it failed: a peer never reached it. Where the ranks are the stages of a pipeline-parallel"
+    " schedule, the peer is still inside its step, waiting for an activation or gradient this rank will not send;"
+    " the loop cannot end a call it did not start. A step that runs a pipeline-parallel schedule over k micro-batches"
+    " must not start a call the data cannot finish: `if not dataloader_iter.has_batches(k): return None` first."
+)
 
 
 def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
@@ -239,6 +259,46 @@ class StepCall:
         return self.fewer_left is not None and not self.batch_indices and not self.drain
 
 
+# [RFC 3]
+class BatchesTakenPerCall:
+    """What the step calls over one dataloader took, kept for the drain rule (C17): ``pulled_ahead()``, read after
+    the call that took the dataloader's last batch. ``note`` each call once it returned: the batches it took and
+    whether it was a whole call (not cut short, not declined). Constant work per call: the vote reads it every call.
+    ``resumed_mid_epoch``: the calls seen are not the dataloader's first (a run resumed from a mid-epoch checkpoint).
+    """
+
+    def __init__(self) -> None:
+        self.calls = self.total = self.first = 0
+        self.steady: int | None = None  # the fewest batches a whole call after the first took
+        self.resumed_mid_epoch = False
+
+    def note(self, taken: int, whole: bool) -> None:
+        self.calls += 1
+        self.total += taken
+        if self.calls == 1:
+            self.first = taken
+        elif whole:
+            self.steady = taken if self.steady is None else min(self.steady, taken)
+
+    def pulled_ahead(self) -> bool:
+        """Whether the step pulled batches ahead of the calls that train them: the loop makes drain calls only then.
+
+        How the loop tells: a step that trains a batch pulled by an earlier call (TorchRec's pipelines, Lightning's
+        async-handle pattern) fills in its first calls and then takes fewer batches per call, so it pulls more
+        batches than its calls take at their steady rate. A step that takes the same ``k`` batches in every call
+        trains what it pulls (NeMo's step over Megatron's schedules), and a drain call would only start a schedule
+        with no batch: on a pipeline stage after the first, one that waits for an activation the first stage, out of
+        batches, never sends. After a single whole call there is no steady rate: a call that took more than one batch
+        may hold some, and the loop drains (losing held batches silently is the worse error). So does a run resumed
+        mid-epoch: a step that restored what it held takes no more in its first call than in the rest.
+        """
+        if self.resumed_mid_epoch:
+            return True
+        if self.steady is None:
+            return self.first > 1
+        return self.total > self.calls * self.steady
+
+
 class StepCalls:
     """The step calls of one loop over the data (an epoch, an evaluation run), on the loop's thread: the running call,
     or the last one (``call``), and the guard against calls that consume nothing. A design's loop makes one per loop
@@ -247,11 +307,31 @@ class StepCalls:
     def __init__(self, hook_name: str = "training_step", last: StepCall | None = None) -> None:
         self.call = last or StepCall()  # ``last``: the call a resumed run's checkpoint recorded
         self.no_progress = NoProgressGuard(hook_name)
+        self.taken = BatchesTakenPerCall()  # [RFC 3]
+        self.taken.resumed_mid_epoch = last is not None
+        self._noted: StepCall | None = self.call
 
     def start_call(self, drain: bool = False) -> StepCall:
         """A new step call (``drain``: a drain call, which finds no batch left)."""
+        self._note_taken()
         self.call = StepCall(self.call.index + 1, drain, open=True)
         return self.call
+
+    def _note_taken(self) -> None:
+        call = self.call
+        if call is not self._noted and not call.drain:
+            self.taken.note(call.consumed, whole=not (call.cut_short or call.declined))
+            self._noted = call
+
+    def new_dataloader(self) -> None:
+        """The calls over one dataloader ended (an evaluation run moves on to the next): ``pulled_ahead`` starts
+        over."""
+        self.taken = BatchesTakenPerCall()
+
+    def pulled_ahead(self) -> bool:
+        """``BatchesTakenPerCall.pulled_ahead`` of this loop's calls over the current dataloader."""
+        self._note_taken()
+        return self.taken.pulled_ahead()
 
     @contextlib.contextmanager
     def drain_calls(self) -> Iterator[None]:

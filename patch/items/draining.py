@@ -11,18 +11,19 @@ from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 def _drain(source: LightningSource) -> None:
     epoch_loop = source.module("loops.training_epoch_loop")
     epoch_loop.add_import(
-        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, WeightChanges,"
-        " configured_optimizer_steps, drain, epoch_stopped_early"
+        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, PULLED_AHEAD,"
+        " WeightChanges, configured_optimizer_steps, drain, epoch_stopped_early, makes_drain_calls"
     )
     epoch_loop.add_import("import warnings")
     epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import RanksVote, every_rank_has_a_batch")
     epoch_loop.add_import("from collections.abc import Iterator")
     epoch_loop.insert(
         methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",
-                                               "_consumed_by_last_call", "_draining", "_run_drain_call",
-                                               "_vote_since_the_last_call"))
+                                               "_consumed_by_last_call", "_pulled_ahead", "_draining",
+                                               "_run_drain_call", "_vote_since_the_last_call"))
         + "\n"
-        + methods_source(DrainsHeldBatches, ("_drain_if_the_data_ended", "_drain_held_batches", "_drain_call")),
+        + methods_source(DrainsHeldBatches, ("_drain_rule", "_drain_if_the_data_ended", "_drain_held_batches",
+                                             "_drain_call")),
         after="_TrainingEpochLoop.advance",
     )
     epoch_loop.insert_in_body(
@@ -35,6 +36,15 @@ def _drain(source: LightningSource) -> None:
         """,
         at_end=True,
     )
+    epoch_loop.insert_in_body(
+        "_TrainingEpochLoop.on_run_start",
+        """
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
+        if fetcher is not None:  # the drain rule cannot see the calls before the checkpoint
+            fetcher.calls.taken.resumed_mid_epoch = self.batch_progress.current.ready > 0
+        """,
+        at_end=True,
+    )
 
 
 ITEM = Item(
@@ -43,8 +53,11 @@ ITEM = Item(
     """
 A step that pipelines (it pulled batch i+1 and keeps it for the next call) still holds untrained batches when the
 epoch's last batch has been handed out; Lightning ended the epoch and dropped them. After the call that took the last
-batch, the loop now calls the step again with the exhausted iterator (`done` True on entry) until a call raises
-`StopIteration` or does no work (returns nothing and steps no optimizer), before the epoch-end validation. A drain call
+batch of a dataloader in which the step pulled ahead (its calls took more batches than their steady rate: a pipeline
+fills in its first calls), the loop now calls the step again with the exhausted iterator (`done` True on entry) until
+a call raises `StopIteration` or does no work (returns nothing and steps no optimizer), before the epoch-end
+validation. A step that takes the same number of batches in every call gets no drain call: on a pipeline stage after
+the first, one would wait for an activation that never comes. A drain call
 has no batch hooks and counts no batch; one that steps an optimizer is a step of the loop (schedulers, a logger row of
 its own). Under DDP the ranks vote after every drain call, so all make the same number; whether they drain at all
 travels in the vote between the calls (no collective of its own).

@@ -19,6 +19,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
+    BatchesTakenPerCall,
     BatchTransfer,
     NoProgressGuard,
     refuse_mixed_step_signature,
@@ -61,11 +62,12 @@ class _EvaluationStepsPullBatches:
             handed_out.append(item)
             return item
 
-        previous_dataloader_idx = 0
+        previous_dataloader_idx, taken = 0, BatchesTakenPerCall()
         while not batches.exhausted:
             batch, batch_idx, dataloader_idx = batches.peek()
             if dataloader_idx != previous_dataloader_idx:
                 self._on_dataloader_change()
+                taken = BatchesTakenPerCall()
             previous_dataloader_idx = dataloader_idx
             hook_dataloader_idx = dataloader_idx if several_dataloaders else None
             hook_args = self._build_kwargs(batch, batch_idx, hook_dataloader_idx).values()
@@ -96,7 +98,8 @@ class _EvaluationStepsPullBatches:
             for _ in handed_out:
                 progress.increment_completed()
             self._on_step_end(output, dataloader_idx, cut_short)
-            if not cut_short and batches.exhausted_for(dataloader_idx):
+            taken.note(len(handed_out), whole=bool(handed_out) and not cut_short)
+            if not cut_short and batches.exhausted_for(dataloader_idx) and taken.pulled_ahead():
                 self._drain_dataloader(step, batches, dataloader_idx)
             no_progress.step_returned(len(handed_out))
             self.on_iteration_done()

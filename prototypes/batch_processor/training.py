@@ -56,6 +56,9 @@ class _StepCallHandOut:
     def _consumed_by_last_call(self) -> int:
         return len(self._calls.call.batch_indices)  # Why not `consumed`: a call fewer on every batch
 
+    def _pulled_ahead(self) -> bool:
+        return self._calls.pulled_ahead()
+
     # [RFC 1] each batch handed out is counted
     def _hand_out(self, item: StepItem) -> StepItem:
         batch, _, dataloader_idx = item

@@ -21,6 +21,20 @@ def epoch_stopped_early(trainer: pl.Trainer) -> bool:
     return trainer.should_stop or _is_max_limit_reached(trainer.global_step, epoch_loop.max_steps)
 
 
+# [RFC 3] when the loop makes drain calls: the candidate rules the RFC's drain decision compares, by what they do
+# with unmodified clients, and the one every loop follows unless a design's option picks another
+PULLED_AHEAD = "pulled-ahead"  # only after a dataloader the step pulled ahead of its calls (``BatchesTakenPerCall``)
+ALWAYS = "always"  # after every dataloader's last batch
+NEVER = "never"  # none: stock Lightning's loop, and what a rule waiting for the step to ask gives a step that does not
+DRAIN_RULES = (PULLED_AHEAD, ALWAYS, NEVER)
+
+
+def makes_drain_calls(rule: str, pulled_ahead: bool) -> bool:
+    """Whether the loop makes drain calls under ``rule`` after a dataloader's last batch, when the step (on every
+    rank) ``pulled_ahead``."""
+    return rule == ALWAYS or (rule == PULLED_AHEAD and pulled_ahead)
+
+
 # [RFC 3]
 def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
     """Make drain calls until one ends the draining (clause C17); returns how many were made.
@@ -31,7 +45,7 @@ def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = 
     such call and returns whether it ended the draining: the step raised StopIteration, or it did no work (returned
     nothing and stepped no optimizer). A step that holds nothing ends it at its first ``next()``, so a simple step
     needs no guard. Under DDP the ranks vote after every call so that all make the same number of drain calls
-    (each may end in a gradient all-reduce).
+    (each may end in a gradient all-reduce). Whether to drain at all is the loop's, by its rule (``DRAIN_RULES``).
     """
     for calls in itertools.count(1):
         ended = drain_call()
@@ -87,6 +101,15 @@ DRAIN_CALL_TRAINED_UNSEEN = (
     " optimizer from `configure_optimizers`, so the loop took it for idle and ended the draining: batches the step"
     " still holds will not be trained. Step an optimizer that `configure_optimizers` returns (Lightning's wrapper"
     " or `self.optimizers(use_pl_optimizer=False)`), or return the loss of the batch the call trained."
+)
+
+
+HELD_BATCHES_NOT_DRAINED = (
+    "rank {rank}'s `training_step(dataloader_iter)` pulled batches ahead of its calls and may still hold some, but"
+    " another rank's step holds none (or its last call was cut short), so no rank makes drain calls: a drain call"
+    " in which one rank trains and another does not would pair that batch's gradient all-reduce with nothing. The"
+    " batches this rank holds are not trained. Give every rank the same batches per call (a `DistributedSampler`,"
+    " `drop_last=True`)."
 )
 
 

@@ -16,10 +16,13 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from prototypes.common import RanksVote, end_of_data_vote_needed, every_rank_has_a_batch
 from prototypes.lightning_changes.draining import (
     DRAIN_CALL_TRAINED_UNSEEN,
+    HELD_BATCHES_NOT_DRAINED,
+    PULLED_AHEAD,
     WeightChanges,
     configured_optimizer_steps,
     drain,
     epoch_stopped_early,
+    makes_drain_calls,
 )
 
 
@@ -61,6 +64,14 @@ class DrainsHeldBatches:
         drain ``_consumed_by_last_call()`` still answers for the call that took the epoch's last batch)."""
         raise NotImplementedError
 
+    def _pulled_ahead(self) -> bool:
+        """Whether this epoch's step pulled batches ahead of its calls (``StepCalls.pulled_ahead``)."""
+        raise NotImplementedError
+
+    def _drain_rule(self) -> str:
+        """When the loop makes drain calls (``draining.DRAIN_RULES``)."""
+        return PULLED_AHEAD
+
     def _vote_since_the_last_call(self) -> RanksVote | None:
         """The ranks' vote between the last step call and the next (``common.vote``), where the design's vote carries
         what the loop must agree on there; None where it does not (the loop then votes on its own)."""
@@ -73,13 +84,20 @@ class DrainsHeldBatches:
         data_ended = self.batch_progress.is_last_batch and not epoch_stopped_early(self.trainer)
         if not data_ended and not self._ranks_vote_every_step():
             return  # one rank: before its data ends there is nothing to agree on
-        vote = self._vote_since_the_last_call()
+        vote, rule = self._vote_since_the_last_call(), self._drain_rule()
+        pulled_ahead = data_ended and self._pulled_ahead()
         if vote is None:
-            drains = every_rank_has_a_batch(self.trainer, data_ended and not last_call_stopped)
-        else:  # the end of data is agreed; whether any rank's call was cut short travelled with it
-            drains = data_ended and not vote.a_call_was_cut_short
+            drains = every_rank_has_a_batch(
+                self.trainer, data_ended and not last_call_stopped and makes_drain_calls(rule, pulled_ahead)
+            )
+        else:  # the end of data is agreed; what the ranks' calls were like travelled with it
+            drains = data_ended and not vote.a_call_was_cut_short and makes_drain_calls(
+                rule, vote.every_rank_pulled_ahead
+            )
         if drains:
             self._drain_held_batches()
+        elif pulled_ahead and not last_call_stopped and makes_drain_calls(rule, True) and self._ranks_vote_every_step():
+            warnings.warn(HELD_BATCHES_NOT_DRAINED.format(rank=self.trainer.global_rank), UserWarning, stacklevel=2)
 
     def _drain_held_batches(self) -> None:
         with self._draining():

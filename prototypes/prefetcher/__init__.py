@@ -29,7 +29,9 @@ batch progress, ``batch_idx``, ``done``, the hooks' batch and the loader state a
 batches the step consumed, never the ones merely prefetched. Evaluation steps get the same fetcher; a step call's
 iterator ends (``done``, then StopIteration) at its dataloader's last batch and the next dataloader starts a new call.
 The regular flavour keeps Lightning's own fetcher. After the step call that took the epoch's last batch, drain calls
-(``done`` True on entry) let a pipelining step train the batches it holds (clause C17).
+(``done`` True on entry) let a pipelining step train the batches it holds (clause C17): by default only where the
+step pulled batches ahead of its calls (``drain="pulled-ahead"``); ``"always"`` and ``"never"`` are the rules the
+RFC's drain decision compares it with.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 import pytorch_lightning as pl
 
 from prototypes.common import Design
-from prototypes.lightning_changes import install_loops
+from prototypes.lightning_changes import PULLED_AHEAD, install_loops
 from prototypes.prefetcher.loops import (
     _PrefetchingEpochLoop,
     _PrefetchingEvaluationLoop,
@@ -50,8 +52,10 @@ from prototypes.prefetcher.options import Options, RunResources
 from prototypes.prefetcher.prefetch_thread import AUTO
 
 
-def _make_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0, transfer_ahead: bool = True) -> pl.Trainer:
-    options = Options(depth, transfer_ahead)  # refuses a depth it cannot run, before a Trainer is made
+def _make_trainer(
+    trainer_kwargs: dict[str, Any], depth: int | str = 0, transfer_ahead: bool = True, drain: str = PULLED_AHEAD
+) -> pl.Trainer:
+    options = Options(depth, transfer_ahead, drain)  # refuses an option it cannot run, before a Trainer is made
     trainer = pl.Trainer(**trainer_kwargs)
     loops = _PrefetchingFitLoop, _PrefetchingEpochLoop, _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
     return install_loops(trainer, *loops, resources=RunResources(options))

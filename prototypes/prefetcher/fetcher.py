@@ -37,7 +37,7 @@ from prototypes.common import (
     end_of_data_vote_needed,
     warn_declined,
 )
-from prototypes.lightning_changes import CountsConsumed
+from prototypes.lightning_changes import CountsConsumed, makes_drain_calls
 from prototypes.prefetcher.options import RunResources
 from prototypes.prefetcher.prefetch_thread import PrefetchThread
 from prototypes.prefetcher.producer import BatchProducer, LoaderExhausted, Produced
@@ -298,12 +298,14 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         ended = self._step_iterator
         if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
             ended = None
-        if ended is not None and self.drain_dataloader is not None and not calls.call.cut_short:
+        if ended is not None and self.drain_dataloader is not None:
             # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
             # the calls, after any earlier check; this is the last point before the loop moves on
-            self.drain_dataloader(ended.dataloader_idx)
+            if not calls.call.cut_short and makes_drain_calls(self.options.drain, calls.every_rank_pulled_ahead()):
+                self.drain_dataloader(ended.dataloader_idx)
+                head = calls.peek_on_every_rank()
             self._close_iterator()  # the loop over that dataloader ended (C14 a)
-            head = calls.peek_on_every_rank()
+            calls.new_dataloader()
         if head is None:
             raise StopIteration
         if calls.call.index:

@@ -101,9 +101,18 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
     def _consumed_by_last_call(self) -> int:
         return self.trainer.fit_loop.prefetching_fetcher.calls.call.consumed
 
+    def _pulled_ahead(self) -> bool:
+        return self.trainer.fit_loop.prefetching_fetcher.calls.pulled_ahead()
+
+    def _drain_rule(self) -> str:
+        return self.trainer.fit_loop.prefetching_fetcher.options.drain
+
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
         self.automatic_optimization.start_epoch()
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
+        if fetcher is not None:  # [RFC 3] the drain rule cannot see the calls before the checkpoint
+            fetcher.calls.taken.resumed_mid_epoch = self.batch_progress.current.ready > 0
 
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)

@@ -10,6 +10,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from prototypes.lightning_changes import DRAIN_RULES, PULLED_AHEAD
 from prototypes.prefetcher.prefetch_thread import AUTO
 from prototypes.prefetcher.profiler_guard import ProfilerGuard
 
@@ -17,17 +18,22 @@ from prototypes.prefetcher.profiler_guard import ProfilerGuard
 @dataclass(frozen=True)
 class Options:
     """The design's options, as the user chose them: ``depth``, the most batches produced ahead of the step (0: none,
-    on the step's thread; ``"auto"``: the thread decides per epoch whether it pays, ``PrefetchThread``), and
-    ``transfer_ahead``, whether the transfer hooks run with the loading rather than as a batch is handed out."""
+    on the step's thread; ``"auto"``: the thread decides per epoch whether it pays, ``PrefetchThread``),
+    ``transfer_ahead``, whether the transfer hooks run with the loading rather than as a batch is handed out, and
+    ``drain``, when the loop makes drain calls (``lightning_changes.DRAIN_RULES``): the RFC's drain decision compares
+    the rules with unmodified clients, and what ships is the default."""
 
     depth: int | str = 0
     transfer_ahead: bool = True
+    drain: str = PULLED_AHEAD
 
     def __post_init__(self) -> None:
         depth = self.depth
         if depth != AUTO and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
             raise ValueError(f"prefetcher: `depth` must be an int >= 0 (0 = no background work) or {AUTO!r} (decide"
                              f" per epoch), got {depth!r}")
+        if self.drain not in DRAIN_RULES:
+            raise ValueError(f"prefetcher: `drain` must be one of {DRAIN_RULES}, got {self.drain!r}")
 
 
 class RunResources:

@@ -65,6 +65,7 @@ class RanksVoteBetweenCalls:
     last_vote: RanksVote | None  # what they agreed then
     take_ahead: Callable[[], Produced | None] | None  # for ``ends_within_the_next_call``; None: no window to close
     peek: Callable[[], Produced | None]
+    pulled_ahead: Callable[[], bool]
     drop_rest: Callable[[], int]
     available: Callable[..., int]
 
@@ -86,6 +87,7 @@ class RanksVoteBetweenCalls:
             self.last_vote = vote(
                 self.trainer, head is not None, cut_short=self.call.cut_short,
                 ends_within_the_next_call=head is not None and self.ends_within_the_next_call(head),
+                pulled_ahead=self.pulled_ahead(),
             )
             if self.last_vote.every_rank_has_a_batch:
                 return head
@@ -108,6 +110,13 @@ class RanksVoteBetweenCalls:
             return False
         expected = max(self.call.consumed, 1)
         return self.available(expected + 1, head.dataloader_idx, self.take_ahead) <= expected
+
+    def every_rank_pulled_ahead(self) -> bool:
+        """``pulled_ahead()`` as the ranks agreed it after the last call (every rank's step), or this rank's where
+        they did not vote."""
+        if self.last_vote is not None and self.voted_before_call == self.call.index:
+            return self.last_vote.every_rank_pulled_ahead
+        return self.pulled_ahead()
 
     def vote_due(self) -> bool:
         """Where the ranks vote at all (``ranks_vote``), whether they vote now: between two calls, once per call. Why

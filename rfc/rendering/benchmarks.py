@@ -341,7 +341,7 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
         "The model for larger worlds on NCCL, per step call: the same number of collectives and host reads as stock"
         " Lightning's regular flavour, but an all-reduce where stock broadcasts. Assumed: NCCL reduces a message this"
         " small with a tree, so a collective costs the per-hop latency times its passes over the tree's depth"
-        " (log2 of the ranks; one pass for a broadcast, two for an all-reduce); the payload (four flags against one)"
+        " (log2 of the ranks; one pass for a broadcast, two for an all-reduce); the payload (a few flags against one)"
         f" adds nothing measurable; a small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
         " NVLink, or per switch hop over InfiniBand). So a step call pays one extra pass, log2(ranks) hops, over"
         " stock's regular flavour, and each epoch one more vote, two passes. The gloo points above, with more"

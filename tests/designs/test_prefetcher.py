@@ -701,9 +701,9 @@ def _votes(directory) -> list[list[str]]:
 @pytest.mark.timeout(120)
 def test_ranks_vote_before_every_step_call_whatever_their_loaders(tmp_path, monkeypatch):
     """Under 2-rank gloo DDP every rank votes once at the epoch's start and once after each step call (between the
-    calls, C16: one collective carrying whether the data goes on and whether to drain), then once after the drain
-    call, loaders behind a DistributedSampler included: equal shards end the ranks together only if their calls take
-    equal numbers of batches, which no rank can see."""
+    calls, C16: one collective carrying whether the data goes on and whether to drain), loaders behind a
+    DistributedSampler included: equal shards end the ranks together only if their calls take equal numbers of
+    batches, which no rank can see. A simple step pulls nothing ahead, so no drain call follows (C17)."""
     from tests.conformance import ddp
 
     monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(tmp_path))
@@ -715,5 +715,5 @@ def test_ranks_vote_before_every_step_call_whatever_their_loaders(tmp_path, monk
         assert all(outcome["error"] is None for outcome in outcomes), ddp.summary(run)
         assert outcomes[0]["step_calls"] == outcomes[1]["step_calls"], ddp.summary(run)
         calls.append(outcomes[0]["step_calls"])
-    per_fit = [["peek_on_every_rank"] * (n + 1) + ["drain"] for n in calls]
+    per_fit = [["peek_on_every_rank"] * (n + 1) for n in calls]
     assert _votes(tmp_path) == [sum(per_fit, [])] * ddp.WORLD, _votes(tmp_path)
