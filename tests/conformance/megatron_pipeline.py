@@ -180,15 +180,19 @@ def can_start_a_whole_call(dataloader_iter: Any, micro_batches: int) -> bool:
     return dataloader_iter.has_batches(micro_batches)
 
 
+UNMODIFIED = "unmodified"  # a run's fourth field: the step as NeMo writes it today, without the check
+
+
 class NeMoPipelineStage(pl.LightningModule):
     """One stage, as NeMo writes its step (manual optimisation, megatron's schedule over ``micro_batches``
-    micro-batches of the step's iterator), with the one check the pipeline needs: no call the data would cut short.
-    Records the micro-batches pulled and ``global_step`` per epoch."""
+    micro-batches of the step's iterator), with the one check the pipeline needs: no call the data would cut short
+    (``checks_ahead=False``: without it, the step NeMo runs today). Records the micro-batches pulled and
+    ``global_step`` per epoch."""
 
-    def __init__(self, stage: int, micro_batches: int) -> None:
+    def __init__(self, stage: int, micro_batches: int, checks_ahead: bool = True) -> None:
         super().__init__()
         self.automatic_optimization = False
-        self.micro_batches = micro_batches
+        self.micro_batches, self.checks_ahead = micro_batches, checks_ahead
         self.model = PipelinedMLP(stage)
         self.initial = parameters_of(self.model)
         self.trained: list[list[tuple[int, ...]]] = []
@@ -202,7 +206,7 @@ class NeMoPipelineStage(pl.LightningModule):
 
     def training_step(self, dataloader_iter):
         # Why: a stage that ran out inside the schedule would stop while its peer waits for its activation
-        if not can_start_a_whole_call(dataloader_iter, self.micro_batches):
+        if self.checks_ahead and not can_start_a_whole_call(dataloader_iter, self.micro_batches):
             return None
         optimizer = self.optimizers()
         optimizer.zero_grad()
@@ -240,16 +244,16 @@ def own_weights(model: PipelinedMLP) -> dict[str, list]:
 
 def fit_stage(design, rank: int, kind: str, run: tuple[int, ...]) -> dict[str, Any]:
     """One rank's run (``ddp.launch``'s ``fit``): the plain loop, then the design's fit, on one process
-    group; ``run`` is ``(micro_batches, epoch_batches, sized)``. Reports what the stage trained, its weights, the
-    plain loop's, the warnings and the error it raised."""
-    micro_batches, epoch_batches, sized = run
+    group; ``run`` is ``(micro_batches, epoch_batches, sized)``, and ``UNMODIFIED`` fourth for the step without its
+    check. Reports what the stage trained, its weights, the plain loop's, the warnings and the error it raised."""
+    micro_batches, epoch_batches, sized, *step = run
     loader_kind = "sized" if sized else "unsized"
     outcome: dict[str, Any] = dict(error=None)
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         try:
             pipeline_parallel_state(rank, PG_TIMEOUT_S)
-            module = NeMoPipelineStage(rank, micro_batches)
+            module = NeMoPipelineStage(rank, micro_batches, checks_ahead=UNMODIFIED not in step)
             outcome.update(trained=module.trained, global_steps=module.global_steps)
             outcome.update(reference=plain_pipeline_loop(rank, micro_batches, epoch_batches, loader_kind,
                                                          module.initial))
