@@ -29,6 +29,7 @@ from rendering.conformance import (
 from rendering.coupling import COUPLING_BLOCKS
 from rendering.decision import block_decision
 from rendering.defects import block_defects
+from rendering.drain_rules import DRAIN_BLOCKS
 from rendering.lightning_tests import block_lightning_tests
 from rendering.markdown import display_path, once_per_page
 from rendering.patch_series import block_patch_cost, block_patch_series
@@ -77,6 +78,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "patch-cost": block_patch_cost,
     "lightning-tests": block_lightning_tests,
     **COUPLING_BLOCKS,
+    **DRAIN_BLOCKS,
     **PROSE_BLOCKS,
 }
 

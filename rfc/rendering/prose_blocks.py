@@ -23,6 +23,7 @@ from rendering.decision import (
     thread_on_by_default,
     thread_points,
 )
+from rendering.drain_rules import decision_line, drain_results
 from rendering.markdown import code, no_results
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, Inputs
 from rendering.standing import link_in_rfc, stance, targets_link
@@ -77,6 +78,7 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
     lines.append(f"- **Decision 2: the prefetch thread is {verdict}.** {figure} ([Decision 2 in full]({own}"
                  f"#recommendation), [targets table]({targets_link(inputs, page_dir)})). In the code: the thread "
                  f"is {'on' if thread_on_by_default() else 'off'} by default.")
+    lines.append(f"- {decision_line(drain_results(inputs))} ([Decision 3 in full]({own}#recommendation)).")
     return "\n".join(lines)
 
 
