@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, collate_items, item
 from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
+from tests.conformance.pipelining import AsyncHandleModule
 
 WORLD = 2
 # A passing launch takes 1-3 s; these bound a failing one.
@@ -60,6 +61,11 @@ PATTERNS = [(1,), (2,)]  # next() calls per step; both divide the 4 batches per 
 UNEQUAL_CALLS = "unequal-calls"
 UNEQUAL_CALLS_ITEMS = 16
 UNEQUAL_CALLS_PATTERN = (1, 2)
+
+# (d) equal shards ("explicit": 4 batches per rank, in order), a step that pulls ahead on rank 0 (Lightning's
+# async-handle pattern: it holds one batch at the end of its data, which it reaches a call early) and a simple step
+# on rank 1 (holds none): a drain call on rank 0 alone would pair its gradient all-reduce with nothing.
+HELD_ON_ONE_RANK = "held-on-one-rank"
 
 # (b) an IterableDataset sharded unevenly by rank: rank 0 has 4 batches, rank 1 has 2 (whole steps for 1 and 2
 # batches per step, so the ranks differ by whole steps, not by a step cut short).
@@ -134,6 +140,8 @@ def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
     pipelined = kind == PIPELINE_PARALLEL  # C19: each rank is a pipeline stage, and every stage reads all the data
     if pipelined:
         module = PipelineStageModule(rank)
+    elif kind == HELD_ON_ONE_RANK:
+        module = AsyncHandleModule() if rank == 0 else IterStepModule(pattern)
     else:  # an unequal-calls pattern names each rank's batches per call
         module = IterStepModule((pattern[rank],) if kind == UNEQUAL_CALLS else pattern)
     error, trainer = None, None
@@ -143,7 +151,7 @@ def _fit_on_rank(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
             strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
             trainer = design.trainer(**{**QUIET, "accelerator": "cpu", "devices": WORLD, "strategy": strategy,
                                         "use_distributed_sampler": not pipelined})
-            trainer.fit(module, train_dataloaders=_loader(kind, rank))
+            trainer.fit(module, train_dataloaders=_loader("explicit" if kind == HELD_ON_ONE_RANK else kind, rank))
         except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
             error = describe_error(raised)
     outcome = rank_outcome(module, trainer, error)
@@ -164,6 +172,8 @@ def rank_outcome(module, trainer, error: dict | None) -> dict[str, Any]:
         optimizer_steps=sum(getattr(o, "steps_taken", 0) for o in (trainer.optimizers if trainer else [])),
         weights={k: v.tolist() for k, v in module.layer.state_dict().items()},
         initial={k: v.tolist() for k, v in module.initial_state.items()},
+        # a pipelining step's batches in the order it trained them (one per call), where they differ from received
+        trained=[list(batch) for epoch in getattr(module, "trained", []) for batch in epoch],
     )
 
 
@@ -283,6 +293,7 @@ PIPELINE_PARALLEL = "pipeline-parallel"
 LAUNCHES = {
     "shared": [[(kind, pattern) for kind in SHARED_KINDS for pattern in PATTERNS]],
     UNEQUAL_CALLS: [[(UNEQUAL_CALLS, UNEQUAL_CALLS_PATTERN)]],
+    HELD_ON_ONE_RANK: [[(HELD_ON_ONE_RANK, (1,))]],
     "uneven": [[("uneven", pattern)] for pattern in PATTERNS],
     PIPELINE_PARALLEL: [[(PIPELINE_PARALLEL, (MICRO_BATCHES,))]],
 }
@@ -341,13 +352,20 @@ def received_batches(outcome: dict) -> list[tuple[int, ...]]:
 def reference_ddp_weights(outcomes: list[dict], batches_per_call: list[int]) -> dict[str, torch.Tensor]:
     """Plain PyTorch DDP semantics: each step averages the ranks' gradients of their own step losses, then SGD; rank
     r's steps take ``batches_per_call[r]`` of the batches it received each."""
-    layer = torch.nn.Linear(FEATURES, 1)
-    layer.load_state_dict({k: torch.tensor(v) for k, v in outcomes[0]["initial"].items()})
-    optimizer = torch.optim.SGD(layer.parameters(), lr=LR)
     per_rank = [
         [received_batches(o)[i : i + per_call] for i in range(0, len(received_batches(o)), per_call)]
         for o, per_call in zip(outcomes, batches_per_call, strict=True)
     ]
+    return hand_written_ddp_weights(outcomes[0]["initial"], per_rank)
+
+
+def hand_written_ddp_weights(initial: dict[str, list], per_rank: list[list[list[tuple[int, ...]]]]
+                             ) -> dict[str, torch.Tensor]:
+    """The loop written by hand: per step, every rank's loss over its batches of that step (``per_rank[r][step]``),
+    the gradients averaged over the ranks, then SGD."""
+    layer = torch.nn.Linear(FEATURES, 1)
+    layer.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})
+    optimizer = torch.optim.SGD(layer.parameters(), lr=LR)
     for step in zip(*per_rank, strict=True):
         losses = []
         for batches in step:
