@@ -4,6 +4,7 @@ from patch.edits import LightningSource
 from patch.items import Item
 from patch.items.look_ahead import LIGHTNING_PACKAGE
 from patch.transplant import methods_source
+from prototypes.common import NoProgressGuard
 from prototypes.lightning_changes.epoch_loop import DrainsHeldBatches
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 
@@ -50,14 +51,15 @@ def _drain(source: LightningSource) -> None:
 ITEM = Item(
     3,
     "Drain a pipelining step at the end of the data",
-    """
+    f"""
 A step that pipelines (it pulled batch i+1 and keeps it for the next call) still holds untrained batches when the
 epoch's last batch has been handed out; Lightning ended the epoch and dropped them. After the call that took the last
 batch of a dataloader in which the step pulled ahead (its calls took more batches than their steady rate: a pipeline
 fills in its first calls), the loop now calls the step again with the exhausted iterator (`done` True on entry) until
 a call raises `StopIteration` or does no work (returns nothing and steps no optimizer), before the epoch-end
 validation. A step that takes the same number of batches in every call gets no drain call: on a pipeline stage after
-the first, one would wait for an activation that never comes. A drain call
+the first, one would wait for an activation that never comes. A drain that never ends (a step that keeps returning a
+loss after the data ended) is an error after {NoProgressGuard.LIMIT} calls, naming the fix. A drain call
 has no batch hooks and counts no batch; one that steps an optimizer is a step of the loop (schedulers, a logger row of
 its own). Under DDP the ranks vote after every drain call, so all make the same number; whether they drain at all
 travels in the vote between the calls (no collective of its own).

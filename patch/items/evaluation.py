@@ -122,7 +122,9 @@ ITEM = Item(
 a step could read across dataloaders, and a `StopIteration` at one dataloader's end ended the run for all of them.
 They now get the fetcher of the training loop: one iterator per dataloader, ending at that dataloader's last batch
 (`done`, then `StopIteration`, which ends the call and not the run); the next dataloader starts a new call, and the
-batch-start hooks see the batch the call gets first.
+batch-start hooks see the batch the call gets first. Where the step pulled ahead over a dataloader (item 3's rule),
+the loop makes drain calls at that dataloader's end, before it moves on: a validation or test drain call's output
+joins the run's logged aggregates, a prediction drain call's prediction joins the results in order.
 """,
     _one_iterator_per_dataloader,
 )

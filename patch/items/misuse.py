@@ -54,7 +54,9 @@ ITEM = Item(
 A step taking both a batch and `dataloader_iter`, such as `training_step(self, batch, dataloader_iter)`, was
 selected for the flavour by its parameter name and then called with the iterator alone, failing with Python's
 "missing 1 required positional argument", which names neither the conflict nor the fix. The selection now refuses it
-with a TypeError that names both ways to write the step.
+with a TypeError that names both ways to write the step. A `StopIteration` the step raises itself while its iterator
+still has batches (not the iterator's own end) was taken for the end of the data and ended the epoch silently; it is
+now a RuntimeError that says so.
 """,
     _refuse_misuse,
 )
