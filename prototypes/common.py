@@ -307,7 +307,7 @@ class StepCalls:
     def __init__(self, hook_name: str = "training_step", last: StepCall | None = None) -> None:
         self.call = last or StepCall()  # ``last``: the call a resumed run's checkpoint recorded
         self.no_progress = NoProgressGuard(hook_name)
-        self.taken = BatchesTakenPerCall()  # [RFC 3]
+        self.taken = BatchesTakenPerCall()  # what the drain rule reads
         self.taken.resumed_mid_epoch = last is not None
         self._noted: StepCall | None = self.call
 

@@ -111,7 +111,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         super().on_run_start(data_fetcher)
         self.automatic_optimization.start_epoch()
         fetcher = self.trainer.fit_loop.prefetching_fetcher
-        if fetcher is not None:  # [RFC 3] the drain rule cannot see the calls before the checkpoint
+        if fetcher is not None:  # the drain rule cannot see the calls before the checkpoint
             fetcher.calls.taken.resumed_mid_epoch = self.batch_progress.current.ready > 0
 
     def advance(self, data_fetcher: _DataFetcher) -> None:

@@ -27,7 +27,7 @@ STOCK = "stock"
 AS_THE_PLAIN_LOOP = "as the plain loop"
 WARNED = "loses batches, warned"
 NAMES_THE_FIX = "times out, naming the fix"
-BAD = ("loses batches silently", "hangs", "error")  # what the decision counts against a rule
+BAD = ("loses batches silently", "hangs", "error")  # what the decision counts against a rule, a fix unnamed
 
 
 def drain_results(inputs: Inputs) -> dict[str, Any] | None:
@@ -49,17 +49,23 @@ def chosen_rule(rows: list[dict[str, Any]]) -> str:
     return min(DRAIN_RULES, key=lambda rule: (len(bad_cases(rows, rule)), DRAIN_RULES.index(rule)))
 
 
-def decision_line(results: dict[str, Any] | None) -> str:
-    """Decision 3 in one sentence, for the decisions block."""
+def decision_line(results: dict[str, Any] | None, evidence: str = "") -> str:
+    """Decision 3 in one paragraph, for the decisions block (``evidence``: a parenthesis of links after the figures)."""
     if not results:
-        return f"**Decision 3: when the loop makes drain calls.** {no_results('drain-rule results', COMMAND)}"
+        missing = no_results("drain-rule results", COMMAND)
+        return f"**Decision 3: when the loop makes drain calls.** {missing}{evidence}."
     rows, rule = results["rows"], chosen_rule(results["rows"])
     cases = len({(row["client"], row["case"]) for row in rows})
+    named = [row for row in rows if row["rule"] == rule and row["verdict"] == NAMES_THE_FIX]
+    stops = (f"; {len(named)} stop at the process group's timeout with an error naming the client's fix "
+             f"({', '.join(sorted({cell(row['client']) for row in named}))}, where the data ends inside a call)"
+             if named else "")
+    others = ", ".join(f"{code(other)}: {len(bad_cases(rows, other))}" for other in [*DRAIN_RULES, STOCK]
+                       if other != rule)
     return (f"**Decision 3: drain calls by the rule {code(rule)}.** Of the real clients' {cases} cases run unmodified, "
-            f"{len(bad_cases(rows, rule))} lose batches silently, hang or fail under it; "
-            + ", ".join(f"{code(other)}: {len(bad_cases(rows, other))}" for other in [*DRAIN_RULES, STOCK]
-                        if other != rule)
-            + f". In the code: {code('drain=' + repr(shipped_rule()))}.")
+            f"{len(bad_cases(rows, rule))} lose batches silently, hang or fail without naming a fix under it{stops}; "
+            f"under the other rules and stock: {others}{evidence}. In the code: "
+            f"{code('drain=' + repr(shipped_rule()))}.")
 
 
 def _cell(rows: list[dict[str, Any]]) -> str:
@@ -75,8 +81,12 @@ def _cell(rows: list[dict[str, Any]]) -> str:
 def _failures(rows: list[dict[str, Any]], rule: str) -> list[str]:
     lines = []
     for row in bad_cases(rows, rule):
-        detail = row.get("error") or (f"trained {row['trained_per_epoch']} per epoch, the plain loop "
-                                      f"{row['plain_loop_per_epoch']}")
+        if row.get("error"):
+            detail = row["error"]
+        elif row["verdict"] == "hangs":
+            detail = "still running at the launch deadline, no error raised"
+        else:
+            detail = f"trained {row['trained_per_epoch']} per epoch, the plain loop {row['plain_loop_per_epoch']}"
         lines.append(f"- {cell(row['client'])} ({cell(row['case'])}): {row['verdict']}; {cell(detail)}")
     return lines
 
@@ -104,7 +114,8 @@ def block_drain_decision(inputs: Inputs, page_dir: Path) -> str:
         decision_line(results),
         "",
         "The rule, fixed before the runs: the loop ships the candidate under which the fewest cases lose batches "
-        "silently, hang or fail (a tie goes to the earlier of " + ", ".join(code(r) for r in DRAIN_RULES) + "); "
+        "silently, hang or fail without an error that names the fix (a tie goes to the earlier of "
+        + ", ".join(code(r) for r in DRAIN_RULES) + "); "
         f"stock Lightning's column is for comparison. Chosen: {code(rule)}; {agreement}.",
         "",
         "Each cell counts a client's cases by their outcome beside the same client driven by a plain loop over the "

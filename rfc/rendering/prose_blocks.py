@@ -78,7 +78,7 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
     lines.append(f"- **Decision 2: the prefetch thread is {verdict}.** {figure} ([Decision 2 in full]({own}"
                  f"#recommendation), [targets table]({targets_link(inputs, page_dir)})). In the code: the thread "
                  f"is {'on' if thread_on_by_default() else 'off'} by default.")
-    lines.append(f"- {decision_line(drain_results(inputs))} ([Decision 3 in full]({own}#recommendation)).")
+    lines.append(f"- {decision_line(drain_results(inputs), f' ([Decision 3 in full]({own}#recommendation))')}")
     return "\n".join(lines)
 
 
