@@ -47,6 +47,14 @@ _CASES = {
 }
 
 
+def patch_cost_verdicts(inputs: Inputs) -> list[str]:
+    """The verdicts of the patch's judged cost cases (``patch-cost.json``), in file order; none without the file."""
+    path = inputs.results_dir / COST_FILE
+    if not path.is_file():
+        return []
+    return [row["verdict"] for row in load_json(path)["rows"] if "verdict" in row]
+
+
 def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
     """The patch's cost per batch: S3's tiny run under the patched and the stock Lightning in lockstep pairs."""
     path = inputs.results_dir / COST_FILE

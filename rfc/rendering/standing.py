@@ -10,7 +10,9 @@ from typing import Any
 from prototypes import DESIGNS
 from rendering.conformance import conformance_parts
 from rendering.coupling import private_names_used
+from rendering.decision import RECOMMENDED_AS_PATCH
 from rendering.markdown import bench_setup, code, conformance_setup, no_results, relative_link, table
+from rendering.patch_series import patch_cost_verdicts
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, FAIL, XFAIL, Inputs
 from rendering.targets import VERDICT_TEXT, verdict_of
 
@@ -59,16 +61,35 @@ def targets_link(inputs: Inputs, page_dir: Path) -> str:
     return link_in_rfc(inputs, page_dir, "generated/benchmarks.md#targets")
 
 
+def opt_in_id(name: str) -> str | None:
+    """The registry id of a design's opt-in configuration (its thread), where it registers one apart from what it
+    ships."""
+    design = DESIGNS[name]
+    if not design.thread_options or dict(design.thread_options) == dict(design.options):
+        return None
+    return design.variant(**design.thread_options).id
+
+
 def judged_results(inputs: Inputs) -> dict[str, Counter]:
-    """Per registered design, how many benchmark target results carry each verdict, over every machine kind."""
+    """Per registered design, and apart per opt-in configuration (``opt_in_id``), how many benchmark target results
+    carry each verdict, over every machine kind; the patch's own cost cases (``patch-cost.json``) for ``patched``."""
+    opt_in = {opt_in_id(name): name for name in DESIGNS if opt_in_id(name)}
     found: dict[str, Counter] = {}
     for data in inputs.benchmarks.values():
         for spec in (data.get("targets") or {}).values():
             for r in spec.get("results") or []:
                 outcome = verdict_of(r)
                 if outcome is not None:
-                    found.setdefault(design_of_row(str(r.get("design", ""))), Counter())[outcome] += 1
+                    row_design = str(r.get("design", ""))
+                    key = row_design if row_design in opt_in else design_of_row(row_design)
+                    found.setdefault(key, Counter())[outcome] += 1
+    for outcome in patch_cost_verdicts(inputs):
+        found.setdefault(RECOMMENDED_AS_PATCH, Counter())[outcome] += 1
     return found
+
+
+def _verdict_counts(counted: Counter) -> str:
+    return ", ".join(f"{counted[v]} {VERDICT_TEXT[v]}" for v in VERDICT_TEXT if counted[v]) or "–"
 
 
 def block_standing(inputs: Inputs, page_dir: Path) -> str:
@@ -103,14 +124,20 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
                         + (f" (not {', '.join(found.missed)})" if found.missed else ""),
                         str(sum(found.expected_failures.values())), f"**{failures}**" if failures else "0"]
         if inputs.benchmarks:
-            counted = verdicts.get(name, Counter())
-            row.append(", ".join(f"{counted[v]} {VERDICT_TEXT[v]}" for v in VERDICT_TEXT if counted[v]) or "–")
+            row.append(_verdict_counts(verdicts.get(name, Counter())))
         row.append(private_names_used(name))
         rows.append(row)
+        opt_in = opt_in_id(name)
+        if opt_in and verdicts.get(opt_in):  # the opt-in thread, apart from what ships
+            rows.append([f"{code(opt_in)} (opt-in)", *(["–"] * (3 if inputs.conformance else 0)),
+                         _verdict_counts(verdicts.get(opt_in, Counter())), "–"])
     legend = ("One line per registered design. Conformance counts add up every variant of a design the suite ran "
               "(for example each prefetch depth). Benchmark targets: how many judged results of the design's "
               "configurations carry each verdict (met or missed only when the whole 95 % interval is on one side of "
-              "the threshold); each result with its median and interval is in the targets table. \"–\": nothing "
-              "judged. Private Lightning names: read from each design's source by `python -m prototypes.coupling`, "
-              "with how many of them the shared modules use (the design pages list them).")
+              "the threshold); each result with its median and interval is in the targets table; an opt-in "
+              "configuration (the recommended design's thread) has a row of its own, and the design's row counts what "
+              "it ships; `patched` counts the patch's cost cases (the patch-cost table). \"–\": nothing judged (for "
+              "an opt-in row's conformance: counted in its design's row). Private Lightning names: read from each "
+              "design's source by `python -m prototypes.coupling`, with how many of them the shared modules use (the "
+              "design pages list them).")
     return "\n\n".join(parts + [table(headers, rows), legend])
