@@ -232,12 +232,24 @@ def scenario_tables(data: dict[str, Any], scenario: str) -> str:
     return "\n\n".join(parts)
 
 
+# What a reader needs before a scenario's tables, where two of its columns measure one thing two ways
+READING = {
+    "S3": ("Two ways to the same ratio. The lead table's times and the details' \"time vs stock, same flavour, "
+           "interleaved rounds\" come from rounds in which each entry runs whole in turn, so the machine's drift "
+           "between rounds (another process, frequency, caches) lands in the ratio and widens its interval. The "
+           "lockstep pairs (\"lockstep pairs\", and what the S3 target judges) alternate the two loops batch by batch "
+           "on one core, so drift hits both alike and cancels; \"stock over itself, lockstep pairs\" shows what is "
+           "left of the method's own spread. Where the two disagree, the lockstep ratio is the one to read."),
+}
+
+
 def _bench_section(inputs: Inputs, kind: str, scenario: str) -> str:
     data = inputs.benchmarks[kind]
     head = f"**{scenario}: {SCENARIOS.get(scenario, scenario)}** ({code('benchmarks-' + kind + '.json')})"
     if not data["scenarios"].get(scenario):
         return f"{head}\n\nNo {scenario} rows in this results file."
-    return f"{head}\n\n{scenario_tables(data, scenario)}"
+    reading = f"\n\n{READING[scenario]}" if scenario in READING else ""
+    return f"{head}{reading}\n\n{scenario_tables(data, scenario)}"
 
 
 def bench_block(scenario: str) -> Callable[[Inputs, Path], str]:

@@ -44,8 +44,22 @@ def _summary(results: dict[str, Any]) -> str:
         f"directories {selection}) ran {results['tests_run']} tests on stock pytorch-lightning; "
         f"**{results.get('passed_on_both', 0)} passed on both** builds and **{len(differences)} differ**: "
         f"{kinds['deliberate']} deliberate (the specification changes what they assert), "
-        f"{kinds['regression']} regressions, {kinds['unclassified']} not yet classified."
+        f"{kinds['regression']} regressions, {kinds['unclassified']} not yet classified. {_limits(results)}"
     )
+
+
+def _limits(results: dict[str, Any]) -> str:
+    """What the run could not cover: whose tests ran, and which past releases' checkpoints were absent."""
+    legacy = results.get("legacy_checkpoints") or {}
+    present, absent = legacy.get("versions_with_checkpoints") or [], legacy.get("versions_without_checkpoints") or []
+    tests = ("The tests are the checkout's, not a 2.6.6 tag's (the repository has none; `patch/README.md` names the "
+             "release whose sources the package matches).")
+    if not absent:
+        return tests
+    loaded = (f"{len(present)} past releases' checkpoints loaded" if present else "no past release's checkpoint "
+              "loaded")
+    return (f"{tests} Legacy checkpoints: {loaded}, {len(absent)} listed releases' were absent, so "
+            "`checkpointing/test_legacy_checkpoints.py` resumed only the one written by stock 2.6.6 in this run.")
 
 
 def _counts_table(runs: dict[str, Any]) -> str:
