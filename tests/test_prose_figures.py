@@ -85,3 +85,45 @@ def test_figures_in_generated_blocks_and_definitions_pass():
     page = ("# A page\n\n<!-- BEGIN GENERATED: standing -->\n6 of 8 batches, 3.5 ms\n<!-- END GENERATED: standing -->"
             "\n\nEach figure has its 95 % interval; a step pulls batch i + 1.\n")
     assert figures(page) == []
+
+
+# --------------------------------------------------------------------------------------------------- paths
+# a path of this repository in backticks: it starts at one of the repository's top-level folders
+PATH_RE = re.compile(r"`((?:prototypes|tests|benchmarks|rfc|docs|patch|harness_common|\.ci)/[^`\s*<>{}]*)`")
+PATH_PAGES = ["README.md", "patch/README.md", "benchmarks/README.md"]
+# (path prefix, why a page may name it though this repository has none)
+NOT_OURS: list[tuple[str, str]] = [
+    ("tests/tests_pytorch", "Lightning's own test folder, in its repository (patch.lightning_tests runs it)"),
+    ("tests/legacy", "Lightning's legacy-checkpoint folder, in its repository"),
+    ("prototypes/my_design.py", "the example module docs/adding-a-design.md asks the reader to write"),
+    ("tests/conformance/expected_failures/my_design.txt", "that example's expected-failure file"),
+]
+
+
+def missing_paths(text: str, root: Path = ROOT) -> list[tuple[int, str]]:
+    """(line number, path) for each repository path in backticks that names no file or folder under ``root``; a
+    test id's ``::name[params]`` and a trailing ``/`` are not part of the path."""
+    found = []
+    for m in PATH_RE.finditer(text):
+        path = m.group(1).split("::", 1)[0].rstrip("/.,")
+        if not (root / path).exists() and not any(path.startswith(prefix) for prefix, _ in NOT_OURS):
+            found.append((text.count("\n", 0, m.start()) + 1, path))
+    return found
+
+
+@pytest.mark.parametrize("page", [*(p for p in prose_pages() if _own_docs(p)), *(ROOT / p for p in PATH_PAGES)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_the_prose_names_exists(page: Path):
+    found = missing_paths(page.read_text(encoding="utf-8"))
+    assert not found, (
+        f"{page.relative_to(ROOT)}: paths in backticks that name nothing in this repository (moved or renamed? "
+        "fix the page, or the code if the page was right):\n" + "\n".join(f"  line {n}: {p}" for n, p in found)
+    )
+
+
+def test_a_missing_path_fails_and_an_existing_one_passes(tmp_path: Path):
+    (tmp_path / "prototypes" / "prefetcher").mkdir(parents=True)
+    (tmp_path / "prototypes" / "prefetcher" / "fetcher.py").touch()
+    text = ("The rule lives in `prototypes/prefetcher/queue.py`; the fetcher in `prototypes/prefetcher/fetcher.py`"
+            " and `prototypes/prefetcher/`; a test `prototypes/prefetcher/fetcher.py::test_x[a-b]`.")
+    assert missing_paths(text, tmp_path) == [(1, "prototypes/prefetcher/queue.py")]
