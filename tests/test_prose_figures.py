@@ -1,6 +1,7 @@
 """No measurement typed into the RFC's or the site's prose: every figure comes from ``python rfc/render.py``.
 
-A figure with a unit (s, ms, us, min, %, GiB, MiB, x) or a count of tests, runs, batches, rounds or pairs in
+A figure with a unit (s, ms, us, min, %, GiB, MiB, x) or a count of tests, runs, batches, rounds, pairs,
+collectives, votes, all-reduces, broadcasts, patches, files or lines in
 ``rfc/**/*.md`` or ``docs/**/*.md`` outside a generated block (and outside ``rfc/generated/``, which is generated as a
 whole) fails, naming the file, the line and the figure. A number that is a definition, not a measurement, is
 allowed by ``ALLOWED``, each entry with why.
@@ -18,7 +19,8 @@ GENERATED_BLOCK_RE = re.compile(r"<!-- BEGIN GENERATED: ([\w-]+) -->.*?<!-- END 
 _NUMBER = r"(?<![\w.#])\d+(?:[.,]\d+)?"
 FIGURE_RE = re.compile(
     rf"{_NUMBER}\s?(?:%|(?:s|ms|us|µs|min|GiB|MiB|GB|MB|x|×)(?![\w-]))"  # a number with a unit
-    rf"|{_NUMBER}\s?(?:\w+\s)?(?:tests?|runs?|batch(?:es)?|rounds?|pairs?)\b"  # a count (maybe one word between)
+    rf"|{_NUMBER}\s?(?:\w+\s)?(?:tests?|runs?|batch(?:es)?|rounds?|pairs?|collectives?|votes?|all-reduces?"
+    rf"|broadcasts?|patch(?:es)?|files?|lines?)\b"  # a count (maybe one word between)
     rf"|{_NUMBER}m{_NUMBER}s\b",  # a duration such as 15m18s
 )
 
@@ -29,6 +31,7 @@ ALLOWED: list[tuple[str, str]] = [
                         "(harness_common.RATIO_TOLERANCE)"),
     (r"loader of 8 batches", "C7's worked example of the validation rule: its input, not a measurement"),
     (r"and 16 batches", "C7's worked example: the batch counts its definition gives, not a measurement"),
+    (r"at most 100 lines", "the size rule for a class in prototypes/ (tests/designs/test_class_size.MAX_CLASS_LINES)"),
 ]
 
 
@@ -76,6 +79,7 @@ def test_no_measurement_is_typed_into_the_prose(page: Path):
     "The thread costs 3.5 ms per batch, 12 % of the step.",
     "A run takes 15m18s on this machine; S3 uses 24 lockstep pairs over 9 rounds.",
     "Peak memory grows by 1.5 GiB at depth 8; the thread is 1.4x faster.",
+    "A step call costs 2 collectives and 3 host syncs; the series has 16 patches adding 1936 lines in 27 files.",
 ])
 def test_a_typed_figure_fails(typed: str):
     assert figures(f"# A page\n\nSome prose. {typed}\n")
