@@ -131,3 +131,48 @@ def test_a_missing_path_fails_and_an_existing_one_passes(tmp_path: Path):
     text = ("The rule lives in `prototypes/prefetcher/queue.py`; the fetcher in `prototypes/prefetcher/fetcher.py`"
             " and `prototypes/prefetcher/`; a test `prototypes/prefetcher/fetcher.py::test_x[a-b]`.")
     assert missing_paths(text, tmp_path) == [(1, "prototypes/prefetcher/queue.py")]
+
+
+# --------------------------------------------------------------------------------------------------- claims
+# a comparative claim, and what counts as naming its evidence in the same sentence: a target's row, a test, a table
+CLAIM_RE = re.compile(r"\b(faster|slower|cheaper|beats?|beat|pays no|outperform\w*|costs? (?:less|more))\b", re.I)
+EVIDENCE_RE = re.compile(r"row `|`test_|test_\w+\.py|targets table|\btable\b|\bS\d\b|measured|block", re.I)
+# (pattern the sentence must match, why it needs no measurement beside it)
+ALLOWED_CLAIMS: list[tuple[str, str]] = [
+    (r"every attribute lookup .* slower", "CPython's documented cost of a lost inline layout, a mechanism the "
+                                          "attribute-layout test guards, not a comparison of designs"),
+    (r"asserted only that the asynchronous run beat", "prior art: what Lightning's old test asserted"),
+    (r"it would cost more in hand-off than it saves", "the reason for the auto rule's threshold, whose measurements "
+                                                      "are the S1, S3 and S6 tables the page names next"),
+    (r"every lookup on\s+it is slower", "CPython's documented cost of a lost inline layout"),
+]
+
+
+def unsupported_claims(text: str) -> list[tuple[int, str]]:
+    """(line, sentence) for each comparative claim outside generated blocks whose sentence names no evidence."""
+    blanked = GENERATED_BLOCK_RE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    found = []
+    for paragraph in re.finditer(r"(?:[^\n]+\n?)+", blanked):
+        offset = paragraph.start()
+        for sentence in re.split(r"(?<=[.!?])\s+", paragraph.group(0)):
+            spaced = _spaced(sentence)
+            if (CLAIM_RE.search(spaced) and not EVIDENCE_RE.search(spaced)
+                    and not any(re.search(pattern, spaced) for pattern, _ in ALLOWED_CLAIMS)):
+                start = blanked.find(sentence, offset)
+                found.append((blanked.count("\n", 0, start) + 1, spaced[:160]))
+    return found
+
+
+@pytest.mark.parametrize("page", [p for p in prose_pages() if _own_docs(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_comparative_claim_names_its_evidence(page: Path):
+    found = unsupported_claims(page.read_text(encoding="utf-8"))
+    assert not found, (
+        f"{page.relative_to(ROOT)}: comparative claims that name no target, test or table (name the evidence in the "
+        "sentence, render it, or drop the claim):\n" + "\n".join(f"  line {n}: {s}" for n, s in found)
+    )
+
+
+def test_a_claim_without_evidence_fails_and_one_with_it_passes():
+    page = ("# A page\n\nThe patch pays no subclass's tax. The thread is faster at S1 L=C (targets table, row "
+            "`S1-alternatives`).\n")
+    assert [line for line, _ in unsupported_claims(page)] == [3]
