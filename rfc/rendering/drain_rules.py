@@ -19,6 +19,7 @@ from prototypes import DESIGNS
 from prototypes.lightning_changes import DRAIN_RULES
 from rendering.decision import RECOMMENDED
 from rendering.markdown import cell, code, no_results, setup_line
+from rendering.pipelines import CPU_STAND_INS
 from rendering.results import Inputs, load_json
 
 FILE = "drain-rules.json"
@@ -120,7 +121,7 @@ def block_drain_decision(inputs: Inputs, page_dir: Path) -> str:
         "",
         "Each cell counts a client's cases by their outcome beside the same client driven by a plain loop over the "
         "same batches: the batches trained per epoch and the final weights, a hang (C16's deadlines, or the process "
-        "group's timeout), or an error.",
+        "group's timeout), or an error. " + CPU_STAND_INS,
         "",
         setup_line(results.get("setup") or {}, FILE),
         "",

@@ -108,6 +108,13 @@ def bench_setup(data: dict[str, Any], kind: str) -> str:
     notes = data.get("notes") or {}
     mode = notes.get("mode") if isinstance(notes.get("mode"), str) else None
     line = setup_line(data.get("setup") or {}, f"benchmarks-{kind}.json", mode)
+    loads = [value for pair in (notes.get("loadavg_1min_per_point") or {}).values() if isinstance(pair, list)
+             for value in pair if is_number(value)]
+    if loads:  # what ran beside the benchmarks: the machine's load, this run's own threads included
+        cores = (data.get("setup") or {}).get("cpu_count") or "?"
+        line += (f" What ran beside it: the 1-minute load average, read before and after each point, was "
+                 f"{min(loads):.1f} to {max(loads):.1f} on {cores} cores (the run's own processes and threads "
+                 "included).")
     if isinstance(notes.get("warning"), str) and notes["warning"].strip():
         line += f"\n\n{RUN_WARNS_START} {cell(notes['warning'])}"
     status = notes.get("pytest_exitstatus")

@@ -62,6 +62,16 @@ def _cell(trained: list, plain_loop: list, passed: bool) -> str:
     return f"{_counts(trained)} of {_counts(plain_loop)} ✗"
 
 
+# The limits of every run of the real clients, said wherever their results are rendered
+CPU_STAND_INS = (
+    "The clients run on the CPU, unmodified but for their CUDA-only lines on the CPU path, each replaced alone and "
+    "named where it is replaced: TorchRec's side streams and `record_stream` for `TrainPipelineSemiSync` and "
+    "`PrefetchTrainPipelineSparseDist` (`tests/conformance/torchrec_cpu_streams.py`), megatron-core's token counter "
+    "and its point-to-point module's receive buffers and synchronize (`tests/conformance/megatron_client.py`, "
+    "`tests/conformance/megatron_pipeline.py`); several ranks are gloo processes on one machine."
+)
+
+
 def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
     """TorchRec pipeline x loader rows, a column per design (one per variant where its variants differ)."""
     data = inputs.conformance
@@ -89,6 +99,7 @@ def block_real_pipelines(inputs: Inputs, page_dir: Path) -> str:
         "evaluated in each validation run. `2 ranks`: the tables sharded over two gloo ranks, each rank's counts "
         "(rank 0 / rank 1), each compared with the same pipelines driven by a plain loop on that rank; `2 loaders`: "
         "two validation dataloaders, a run's counts both loaders' batches. A fit that raised counts the epochs "
-        "and runs it began, and its plain loop does not run (no *of*); `none`: a rank that reported nothing."
+        "and runs it began, and its plain loop does not run (no *of*); `none`: a rank that reported nothing. "
+        + CPU_STAND_INS
     )
     return legend + "\n\n" + table(["Pipeline", "Loader", *(code(label) for label, _ in columns)], rows)
