@@ -259,6 +259,21 @@ class StepCall:
         return self.fewer_left is not None and not self.batch_indices and not self.drain
 
 
+# When the loop makes drain calls: the candidate rules the RFC's drain decision compares, by what they do with
+# unmodified clients; the first is the one every loop follows unless a design's option picks another
+PULLED_AHEAD = "pulled-ahead"  # only after a dataloader the step pulled ahead of its calls (``BatchesTakenPerCall``)
+ALWAYS = "always"  # after every dataloader's last batch
+NEVER = "never"  # none: stock Lightning's loop, and what a rule waiting for the step to ask gives a step that does not
+DRAIN_RULES = (PULLED_AHEAD, ALWAYS, NEVER)
+
+
+# [RFC 3]
+def makes_drain_calls(rule: str, pulled_ahead: bool) -> bool:
+    """Whether the loop makes drain calls under ``rule`` after a dataloader's last batch, when the step (on every
+    rank) ``pulled_ahead``."""
+    return rule == ALWAYS or (rule == PULLED_AHEAD and pulled_ahead)
+
+
 # [RFC 3]
 class BatchesTakenPerCall:
     """What the step calls over one dataloader took, kept for the drain rule (C17): ``pulled_ahead()``, read after

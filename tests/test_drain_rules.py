@@ -3,7 +3,7 @@
 After the step call that took a dataloader's last batch, a step that pulled batches ahead still holds some, and a
 drain call (C17) lets it train them; a step that trains what it pulls needs none, and on a pipeline stage after the
 first a drain call waits for an activation the first stage, out of batches, never sends. Each client below runs its
-own code as its project writes it, under every candidate rule (``lightning_changes.DRAIN_RULES``, the recommended
+own code as its project writes it, under every candidate rule (``common.DRAIN_RULES``, the recommended
 design's ``drain`` option) and under stock Lightning, and is judged against the same client driven by a plain loop
 over the same batches: the batches it trained per epoch and its final weights, or a hang (C16's deadlines), or an
 error.
@@ -37,8 +37,7 @@ import torch
 
 import harness_common
 from prototypes import DESIGNS
-from prototypes.common import VOTE_FAILED_AFTER_A_CALL_CUT_SHORT, Design
-from prototypes.lightning_changes import DRAIN_RULES
+from prototypes.common import DRAIN_RULES, VOTE_FAILED_AFTER_A_CALL_CUT_SHORT, Design
 from tests.conformance.ddp import describe_error, launch
 from tests.conformance.harness import QUIET, loader_sequence, make_loader, make_trainer
 from tests.conformance.harness.modules import IterStepModule

@@ -12,11 +12,13 @@ from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 def _drain(source: LightningSource) -> None:
     epoch_loop = source.module("loops.training_epoch_loop")
     epoch_loop.add_import(
-        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, PULLED_AHEAD,"
-        " WeightChanges, configured_optimizer_steps, drain, epoch_stopped_early, makes_drain_calls"
+        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, WeightChanges,"
+        " configured_optimizer_steps, drain, epoch_stopped_early"
     )
     epoch_loop.add_import("import warnings")
-    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import RanksVote, every_rank_has_a_batch")
+    epoch_loop.add_import(
+        f"from {LIGHTNING_PACKAGE}.common import PULLED_AHEAD, RanksVote, every_rank_has_a_batch, makes_drain_calls"
+    )
     epoch_loop.add_import("from collections.abc import Iterator")
     epoch_loop.insert(
         methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",

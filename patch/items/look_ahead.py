@@ -29,9 +29,6 @@ IMPORTS = {
     "prototypes.prefetcher": LIGHTNING_PACKAGE,
     "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.loader_state",
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
-    "prototypes.lightning_changes:DRAIN_RULES": f"{LIGHTNING_PACKAGE}.draining",
-    "prototypes.lightning_changes:PULLED_AHEAD": f"{LIGHTNING_PACKAGE}.draining",
-    "prototypes.lightning_changes:makes_drain_calls": f"{LIGHTNING_PACKAGE}.draining",
     "prototypes.lightning_changes:samples_in": f"{LIGHTNING_PACKAGE}.log_batch_size",
     "prototypes.batches_per_call": f"{LIGHTNING_PACKAGE}.batches_per_call",
 }

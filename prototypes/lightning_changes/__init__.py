@@ -16,13 +16,9 @@ packed). ``tests/designs/test_attribute_layout.py`` guards the layout for every 
 """
 
 from prototypes.lightning_changes.draining import (
-    ALWAYS,
-    DRAIN_RULES,
-    PULLED_AHEAD,
     drain,
     epoch_stopped_early,
     evaluation_drain_call,
-    makes_drain_calls,
     prediction_drain_call,
 )
 from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop, StockProfilerActions, stock_fetch_action
@@ -38,9 +34,9 @@ from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCall
 from prototypes.lightning_changes.progress import ConsumedBatchProgress, ConsumedProgress, CountsConsumed
 
 __all__ = [
-    "ALWAYS", "DRAIN_RULES", "PULLED_AHEAD", "BatchCountingEpochLoop", "BatchCountingFitLoop", "ConsumedBatchProgress",
+    "BatchCountingEpochLoop", "BatchCountingFitLoop", "ConsumedBatchProgress",
     "ConsumedProgress", "CountsConsumed", "ManualOptimizationSeesStopIteration", "PredictionWriterSeesStepCalls",
     "StepFirstAutomaticOptimization", "StockProfilerActions", "discard_cut_short_call", "drain", "epoch_stopped_early",
-    "evaluation_drain_call", "install_loops", "loader_state_reader", "makes_drain_calls", "prediction_drain_call",
+    "evaluation_drain_call", "install_loops", "loader_state_reader", "prediction_drain_call",
     "samples_in", "stock_fetch_action", "supply_log_batch_size",
 ]

@@ -21,21 +21,6 @@ def epoch_stopped_early(trainer: pl.Trainer) -> bool:
     return trainer.should_stop or _is_max_limit_reached(trainer.global_step, epoch_loop.max_steps)
 
 
-# When the loop makes drain calls: the candidate rules the RFC's drain decision compares, by what they do with
-# unmodified clients; the first is the one every loop follows unless a design's option picks another
-PULLED_AHEAD = "pulled-ahead"  # only after a dataloader the step pulled ahead of its calls (``BatchesTakenPerCall``)
-ALWAYS = "always"  # after every dataloader's last batch
-NEVER = "never"  # none: stock Lightning's loop, and what a rule waiting for the step to ask gives a step that does not
-DRAIN_RULES = (PULLED_AHEAD, ALWAYS, NEVER)
-
-
-# [RFC 3]
-def makes_drain_calls(rule: str, pulled_ahead: bool) -> bool:
-    """Whether the loop makes drain calls under ``rule`` after a dataloader's last batch, when the step (on every
-    rank) ``pulled_ahead``."""
-    return rule == ALWAYS or (rule == PULLED_AHEAD and pulled_ahead)
-
-
 # [RFC 3]
 def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
     """Make drain calls until one ends the draining (clause C17); returns how many were made.

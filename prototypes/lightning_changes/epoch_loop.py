@@ -13,16 +13,20 @@ from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingE
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from prototypes.common import RanksVote, end_of_data_vote_needed, every_rank_has_a_batch
+from prototypes.common import (
+    PULLED_AHEAD,
+    RanksVote,
+    end_of_data_vote_needed,
+    every_rank_has_a_batch,
+    makes_drain_calls,
+)
 from prototypes.lightning_changes.draining import (
     DRAIN_CALL_TRAINED_UNSEEN,
     HELD_BATCHES_NOT_DRAINED,
-    PULLED_AHEAD,
     WeightChanges,
     configured_optimizer_steps,
     drain,
     epoch_stopped_early,
-    makes_drain_calls,
 )
 
 
@@ -69,7 +73,7 @@ class DrainsHeldBatches:
         raise NotImplementedError
 
     def _drain_rule(self) -> str:
-        """When the loop makes drain calls (``draining.DRAIN_RULES``)."""
+        """When the loop makes drain calls (``common.DRAIN_RULES``)."""
         return PULLED_AHEAD
 
     def _vote_since_the_last_call(self) -> RanksVote | None:

@@ -40,8 +40,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import Design
-from prototypes.lightning_changes import PULLED_AHEAD, install_loops
+from prototypes.common import PULLED_AHEAD, Design
+from prototypes.lightning_changes import install_loops
 from prototypes.prefetcher.loops import (
     _PrefetchingEpochLoop,
     _PrefetchingEvaluationLoop,

@@ -35,9 +35,10 @@ from prototypes.common import (
     BatchTransfer,
     StepIterator,
     end_of_data_vote_needed,
+    makes_drain_calls,
     warn_declined,
 )
-from prototypes.lightning_changes import CountsConsumed, makes_drain_calls
+from prototypes.lightning_changes import CountsConsumed
 from prototypes.prefetcher.options import RunResources
 from prototypes.prefetcher.prefetch_thread import PrefetchThread
 from prototypes.prefetcher.producer import BatchProducer, LoaderExhausted, Produced

@@ -315,7 +315,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
     Defect("drains_every_step", "C17", "prefetcher",
            "makes drain calls after every epoch's data, whether or not the step pulled batches ahead",
-           (prefetch_loops._PrefetchingEpochLoop, "_drain_rule"), _instead(lambda self: lightning_changes.ALWAYS),
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_rule"), _instead(lambda self: common.ALWAYS),
            (C17 + "test_simple_step_needs_no_guard_and_loses_nothing",), "sized-w0-automatic"),
     Defect("pull_ahead_unseen", "C17", "prefetcher",
            "takes every step for one that trains what it pulls, so no pipelining step is drained",
