@@ -91,9 +91,9 @@ EVERY_N_EPOCHS = [pytest.param(1, id="in-epoch"), pytest.param(None, id="across-
 @pytest.mark.parametrize("every_n_epochs", EVERY_N_EPOCHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_val_check_interval_counts_batches_of_any_loader(design, kind, every_n_epochs, pattern, interval):
-    # 8 batches per epoch: (3,) ends each epoch with a call cut short at the end of the data (no drain call), the
-    # others with a call that takes the last batch, then a drain call; the last boundary of an epoch (8) is a
-    # validation point in some cases (interval 3 across epochs: 15 is reached at 16)
+    # 8 batches per epoch: (3,) ends each epoch with a call cut short at the end of the data, the others with a call
+    # that takes the last batch (no drain call follows: these steps pull nothing ahead, C17); the last boundary of an
+    # epoch (8) is a validation point in some cases (interval 3 across epochs: 15 is reached at 16)
     module = IterStepModule(pattern)
     trainer = make_trainer(
         design, val_check_interval=interval, check_val_every_n_epoch=every_n_epochs, limit_val_batches=1, max_epochs=2

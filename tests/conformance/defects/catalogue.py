@@ -31,7 +31,6 @@ from tests.conformance.defects.replacements import (
     _divides_the_runs_batches,
     _drain_call_as_any_call,
     _drain_call_logging_every_call,
-    _drain_calls_forgetting_the_last_call,
     _foreign_stop_ends_the_call,
     _forget_a_cut_short_calls_batches,
     _get_retyping_errors,
@@ -182,11 +181,6 @@ CATALOGUE: tuple[Defect, ...] = (
            "validates only when the batch count lands on a multiple of `val_check_interval`",
            (prefetch_loops._PrefetchingEpochLoop, "_should_check_val_fx"), _validates_on_multiples_only,
            (C07 + "test_val_check_interval_counts_batches",)),
-    Defect("drain_forgets_the_last_calls_batches", "C7", "prefetcher",
-           "forgets in its drain calls how many batches the epoch's last step call took, so a validation due there is"
-           " lost", (prefetch_step_calls.EpochStepCalls, "drain_calls"),
-           _instead(_drain_calls_forgetting_the_last_call),
-           (C07 + "test_val_check_interval_counts_batches_of_any_loader",), "across-epochs and " + SIZED),
     # C8 Hooks
     Defect("stale_start_hook_batch", "C8", "prefetcher",
            "gives `on_train_batch_start` the previous step's batch (stock Lightning's behaviour)",
@@ -345,7 +339,7 @@ CATALOGUE: tuple[Defect, ...] = (
     Defect("drain_call_enters_optimizer_step", "C18", "prefetcher",
            "enters the `optimizer_step` hook in a drain call before the step runs, even when it trains nothing",
            (prefetch_loops._StepCallAutomaticOptimization, "run"), _drain_call_as_any_call,
-           (C18 + "test_profiler_records_the_training_batches_actions",), "SimpleProfiler"),
+           (C18 + "test_estimated_optimizer_steps_sizes_a_schedule_when_calls_do_not_divide_the_epoch",)),
     Defect("writer_gets_the_last_batchs_indices", "C18", "batch_processor",
            "gives a prediction writer the sample indices of a step call's last batch only",
            (bp_evaluation.IteratorPredictionLoop, "_on_step_returned"), _writer_indices_of_the_last_batch,

@@ -222,10 +222,6 @@ def _drain_call_logging_every_call(self: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _drain_calls_forgetting_the_last_call(self: Any) -> Iterator[None]:
-    yield  # nothing restored: the last drain call stays the fetcher's call, and the last real call's count is lost
-
-
 def _drain_call_as_any_call(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, optimizer: Any, batch_idx: int, kwargs: Any) -> Any:
         fetcher = self.trainer.fit_loop._data_fetcher
