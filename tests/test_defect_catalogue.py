@@ -125,7 +125,8 @@ def main(argv: list[str]) -> int:
     order = {d.name: position for position, d in enumerate((*CATALOGUE, *PATCH_HUNK_DEFECTS))}
     run_now = {r["name"] for r in records.records}
     kept = json.loads(path.read_text()) if path.is_file() else {}
-    earlier = [r for r in kept.get("defects", []) if r["name"] not in run_now]
+    # a defect no longer in the catalogue leaves the file with it
+    earlier = [r for r in kept.get("defects", []) if r["name"] not in run_now and r["name"] in order]
     # the setup is the catalogue's run's; a run of the reverted patch hunks alone adds its records to it
     catalogue_ran = any(r["name"] in {d.name for d in CATALOGUE} for r in records.records)
     setup = harness_common.conformance_setup() if catalogue_ran or "setup" not in kept else kept["setup"]
