@@ -51,9 +51,10 @@ data between two step calls and after each drain call, so all stop at the same c
 the collective Lightning already makes there: one all-reduce carries rank 0's SIGTERM flag (which
 `_broadcast_sigterm_tensor` broadcast), whether each rank has a batch, whether a rank's call was cut short and whether
 every rank's step pulled batches ahead (the drain decision, item 3), and whether a rank's look-ahead sees its data end
-within the next call (the accumulation window's gradient sync). A step call costs one collective and one host read, as a batch of the regular flavour does; each epoch adds one,
-the vote after its last call, where each rank of the regular flavour knows its loader's end alone. The vote lives in
-the fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
+within the next call (the accumulation window's gradient sync). A step call costs one collective and one host read,
+as a batch of the regular flavour does; each epoch adds one, the vote after its last call, where each rank of the
+regular flavour knows its loader's end alone. The vote lives in the fetcher's record of the step calls
+(`loops/_dataloader_iter/step_calls.py`).
 """,
     _vote,
 )
