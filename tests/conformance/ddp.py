@@ -199,6 +199,14 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit
     torch.set_num_threads(1)  # as Lightning's own launchers do with 2 processes on 2 cores
     stack_file = open(Path(outdir) / f"stack-{port}-{rank}.txt", "w")  # noqa: SIM115 - kept open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # Why the rank's own file for its output: a rank that dies (a C++ abort in a collective) leaves only what it
+    # printed, and forked ranks would otherwise write into whichever test's capture is running; faulthandler adds the
+    # Python stacks of a fatal signal to it
+    output = open(Path(outdir) / f"output-{port}-{rank}.txt", "w", buffering=1)  # noqa: SIM115 - the rank's
+    for fd in (1, 2):
+        os.dup2(output.fileno(), fd)
+    sys.stdout = sys.stderr = output  # pytest's capture replaced them in the test process
+    faulthandler.enable(file=output, all_threads=True)
     for run in runs:
         outcome = fit(design, rank, *run)
         path = _result_path(outdir, run, rank)
@@ -267,9 +275,16 @@ def launch(design, groups: list[list[tuple]], fit=_fit_on_rank, deadline_s: floa
                     ],
                     hung={rank: hung[g, rank] for rank in range(WORLD) if (g, rank) in hung},
                     exitcodes=[procs[g, rank].exitcode for rank in range(WORLD)],
+                    output=[_tail(Path(outdir) / f"output-{ports[g]}-{rank}.txt") for rank in range(WORLD)],
                     deadline_s=deadline_s,
                 )
         return results
+
+
+def _tail(path: Path, lines: int = 80) -> str:
+    """The last ``lines`` a rank printed (its warnings, a C++ abort's message, faulthandler's stacks cut below
+    ``_rank_main``)."""
+    return "\n".join(trim_stack(path.read_text(errors="replace")).splitlines()[-lines:]) if path.exists() else ""
 
 
 def trim_stack(dump: str) -> str:
@@ -321,6 +336,7 @@ def summary(run: dict) -> str:
             lines.append(
                 f"  rank {rank}: reported nothing" + (f" (process exit code {code})" if code is not None else "")
             )
+            lines += last_output(run, rank)
         else:
             error = outcome["error"]
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
@@ -333,6 +349,12 @@ def summary(run: dict) -> str:
     if run.get("error"):
         lines.append("  the launch raised: " + run["error"])
     return "\n".join(lines)
+
+
+def last_output(run: dict, rank: int) -> list[str]:
+    """What a rank that reported nothing printed last, as lines of a failure message (none if it printed nothing)."""
+    output = run.get("output", [""] * WORLD)[rank]
+    return ["      its last output:\n" + _indent(output)] if output else []
 
 
 def _indent(text: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conformance.ddp import last_output
 from tests.conformance.torchrec_ranks import KINDS, RANK_EPOCHS, RANKS_TEST_TIMEOUT_S, expected_batches, ranks_outcome
 
 pytestmark = [
@@ -25,6 +26,7 @@ def _summary(run: dict) -> str:
                          + run["hung"][rank])
         elif outcome is None:
             lines.append(f"  rank {rank}: reported nothing (process exit code {run['exitcodes'][rank]})")
+            lines += last_output(run, rank)
         else:
             error = outcome["error"] or outcome.get("plain_loop_error")
             what = "finished" if error is None else f"raised {error['type']}: {error['message'][:300]}"
