@@ -97,23 +97,25 @@ class Design:
 # [RFC 8] under DDP the ranks agree on the end of data, in the one collective stock Lightning makes per step call
 @dataclass(frozen=True)
 class RanksVote:
-    """What the ranks agreed between two step calls (``vote``): whether every rank has a batch for the next call,
-    whether any rank's last call was cut short by its data's end, whether any rank's look-ahead sees its data end
-    within the next call, whether every rank's step pulled batches ahead (``pulled_ahead``: the drain rule) and rank
-    0's SIGTERM flag (what stock Lightning broadcasts before every call)."""
+    """What the ranks agreed between two step calls (``vote``): whether every rank makes another call (it has a
+    batch, or it drains batches it holds), whether any rank's last call was cut short by its data's end, whether any
+    rank's look-ahead sees its data end within the next call, whether every rank's step pulled batches ahead
+    (``pulled_ahead``: the drain rule), rank 0's SIGTERM flag (what stock Lightning broadcasts before every call),
+    and whether every rank makes another call over the current dataloader (a batch of it, or a drain call)."""
 
     every_rank_has_a_batch: bool
     a_call_was_cut_short: bool = False
     a_rank_ends_within_the_next_call: bool = False
     sigterm: bool = False
     every_rank_pulled_ahead: bool = False
+    every_rank_continues_the_dataloader: bool = False
 
 
 def vote(
     trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False,
-    pulled_ahead: bool = False,
+    pulled_ahead: bool = False, continues_the_dataloader: bool = False,
 ) -> RanksVote:
-    """The ranks' vote on the end of data: one all-reduce(MAX) of five flags and one host read of its result.
+    """The ranks' vote on the end of data: one all-reduce(MAX) of six flags and one host read of its result.
 
     Why: under DDP each step call ends in a gradient all-reduce. A rank whose data ends early and stops would leave
     its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258), so all
@@ -122,17 +124,24 @@ def vote(
     host sync); carried here (only rank 0 sets it, so MAX is that broadcast), it makes the vote cost no collective
     and no host sync that stock does not pay. Why "every rank pulled ahead" rather than "any": a drain call in which
     one rank trains a held batch and a peer, holding none, ends the draining would pair that batch's gradient
-    all-reduce with nothing; the ranks drain only where all hold batches. Without a process group it answers from
-    this rank alone.
+    all-reduce with nothing; the ranks drain only where all hold batches.
+
+    Why a rank that holds batches counts as having one (``has_batch``, ``continues_the_dataloader``): a pipeline's
+    own loading thread (TorchRec's ``EvalPipelineSparseDist``) takes a dataloader's last batch inside a call on one
+    rank and just after it on another, so one rank's data ends a call before its peer's. The first then makes a drain
+    call where the peer makes a regular one, each training one batch: their calls, and the votes after them, pair.
+    Without a process group it answers from this rank alone.
     """
     import torch
     import torch.distributed as dist
 
     received_sigterm = bool(getattr(trainer, "received_sigterm", False))
     if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-        return RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm, pulled_ahead)
+        return RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm, pulled_ahead,
+                         continues_the_dataloader)
     sigterm = received_sigterm and trainer.global_rank == 0
-    flags = [int(sigterm), int(not has_batch), int(cut_short), int(ends_within_the_next_call), int(not pulled_ahead)]
+    flags = [int(sigterm), int(not has_batch), int(cut_short), int(ends_within_the_next_call), int(not pulled_ahead),
+             int(not continues_the_dataloader)]
     agreed = torch.tensor(flags, device=trainer.strategy.root_device)
     try:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
@@ -140,8 +149,9 @@ def vote(
         if cut_short:
             raise RuntimeError(VOTE_FAILED_AFTER_A_CALL_CUT_SHORT.format(rank=trainer.global_rank)) from error
         raise
-    sigterm_flag, a_rank_has_none, cut, ends, a_rank_did_not_pull_ahead = agreed.tolist()
-    return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag), not a_rank_did_not_pull_ahead)
+    sigterm_flag, a_rank_has_none, cut, ends, a_rank_did_not_pull_ahead, a_rank_ends_the_dataloader = agreed.tolist()
+    return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag), not a_rank_did_not_pull_ahead,
+                     not a_rank_ends_the_dataloader)
 
 
 VOTE_FAILED_AFTER_A_CALL_CUT_SHORT = (
@@ -311,7 +321,13 @@ class BatchesTakenPerCall:
             return True
         if self.steady is None:
             return self.first > 1
-        return self.total > self.calls * self.steady
+        return self.holds()
+
+    def holds(self) -> bool:
+        """Whether the step holds batches it pulled ahead, by a steady rate seen (``pulled_ahead`` without its
+        guesses for a single call and a resumed run): what lets a rank drain while a peer still makes regular calls
+        (``vote``)."""
+        return not self.resumed_mid_epoch and self.steady is not None and self.total > self.calls * self.steady
 
 
 class StepCalls:
@@ -325,6 +341,7 @@ class StepCalls:
         self.taken = BatchesTakenPerCall()  # what the drain rule reads
         self.taken.resumed_mid_epoch = last is not None
         self._noted: StepCall | None = self.call
+        self.drained = False  # the loop made its drain calls over the current dataloader
 
     def start_call(self, drain: bool = False) -> StepCall:
         """A new step call (``drain``: a drain call, which finds no batch left)."""
@@ -341,12 +358,17 @@ class StepCalls:
     def new_dataloader(self) -> None:
         """The calls over one dataloader ended (an evaluation run moves on to the next): ``pulled_ahead`` starts
         over."""
-        self.taken = BatchesTakenPerCall()
+        self.taken, self.drained = BatchesTakenPerCall(), False
 
     def pulled_ahead(self) -> bool:
         """``BatchesTakenPerCall.pulled_ahead`` of this loop's calls over the current dataloader."""
         self._note_taken()
         return self.taken.pulled_ahead()
+
+    def holds(self) -> bool:
+        """``BatchesTakenPerCall.holds`` of this loop's calls over the current dataloader."""
+        self._note_taken()
+        return self.taken.holds()
 
     @contextlib.contextmanager
     def drain_calls(self) -> Iterator[None]:
@@ -359,6 +381,7 @@ class StepCalls:
             index = self.call.index
             self.call = last
             self.call.index = index  # the drain calls were step calls too
+            self.drained = True
 
 
 # The misuse messages of clause C14, shared by every design so that one wording names each fix.

@@ -19,11 +19,12 @@ def _drain(source: LightningSource) -> None:
     epoch_loop.add_import(
         f"from {LIGHTNING_PACKAGE}.common import PULLED_AHEAD, RanksVote, every_rank_has_a_batch, makes_drain_calls"
     )
-    epoch_loop.add_import("from collections.abc import Iterator")
+    epoch_loop.add_import("from collections.abc import Callable, Iterator")
     epoch_loop.insert(
         methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",
                                                "_consumed_by_last_call", "_pulled_ahead", "_draining",
-                                               "_run_drain_call", "_vote_since_the_last_call"))
+                                               "_run_drain_call", "_vote_since_the_last_call",
+                                               "_vote_after_drain_call"))
         + "\n"
         + methods_source(DrainsHeldBatches, ("_drain_rule", "_drain_if_the_data_ended", "_drain_held_batches",
                                              "_drain_call")),

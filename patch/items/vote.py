@@ -49,12 +49,14 @@ IterableDataset, or a step that takes a different number of batches per call on 
 waited in that collective until the process-group timeout. With `dataloader_iter`, the ranks now agree on the end of
 data between two step calls and after each drain call, so all stop at the same call. The vote between two calls is
 the collective Lightning already makes there: one all-reduce carries rank 0's SIGTERM flag (which
-`_broadcast_sigterm_tensor` broadcast), whether each rank has a batch, whether a rank's call was cut short and whether
-every rank's step pulled batches ahead (the drain decision, item 3), and whether a rank's look-ahead sees its data end
-within the next call (the accumulation window's gradient sync). A step call costs one collective and one host read,
-as a batch of the regular flavour does; each epoch adds one, the vote after its last call, where each rank of the
-regular flavour knows its loader's end alone. The vote lives in the fetcher's record of the step calls
-(`loops/_dataloader_iter/step_calls.py`).
+`_broadcast_sigterm_tensor` broadcast), whether each rank has a batch, whether a rank's call was cut short and
+whether every rank's step pulled batches ahead (the drain decision, item 3), whether a rank's look-ahead sees its
+data end within the next call (the accumulation window's gradient sync), and whether each rank continues the
+dataloader: a rank whose step holds batches while a peer still has some drains them beside the peer's regular calls,
+one call each (a pipeline's loading thread may take the last batch a call earlier on one rank than on another). A
+step call costs one collective and one host read, as a batch of the regular flavour does; each epoch adds one, the
+vote after its last call, where each rank of the regular flavour knows its loader's end alone. The vote lives in the
+fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
 """,
     _vote,
 )

@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.utilities import _is_max_limit_reached
 
-from prototypes.common import NoProgressGuard, every_rank_has_a_batch
+from prototypes.common import NoProgressGuard, RanksVote, vote
 
 
 # ----------------------------------------------------------------------- [RFC 3] drain a pipelining step
@@ -22,7 +22,10 @@ def epoch_stopped_early(trainer: pl.Trainer) -> bool:
 
 
 # [RFC 3]
-def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step") -> int:
+def drain(
+    trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step",
+    vote_after_call: Callable[[bool], RanksVote] | None = None,
+) -> int:
     """Make drain calls until one ends the draining (clause C17); returns how many were made.
 
     Once the epoch's last batch has been handed out, a step that pipelines (it pulled batch i+1 and kept it for the
@@ -30,12 +33,16 @@ def drain(trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = 
     (``done`` True on entry, ``next()`` raising StopIteration without touching the loader). ``drain_call()`` runs one
     such call and returns whether it ended the draining: the step raised StopIteration, or it did no work (returned
     nothing and stepped no optimizer). A step that holds nothing ends it at its first ``next()``, so a simple step
-    needs no guard. Under DDP the ranks vote after every call so that all make the same number of drain calls
-    (each may end in a gradient all-reduce). Whether to drain at all is the loop's, by its rule (``DRAIN_RULES``).
+    needs no guard. Under DDP the ranks vote after every call so that all make the same number of calls over the
+    dataloader (each may end in a gradient all-reduce): ``vote_after_call(ended)``, by default a vote of this call
+    alone. Whether to drain at all is the loop's, by its rule (``DRAIN_RULES``).
     """
+    if vote_after_call is None:
+        def vote_after_call(ended: bool) -> RanksVote:
+            return vote(trainer, not ended, pulled_ahead=not ended, continues_the_dataloader=not ended)
+
     for calls in itertools.count(1):
-        ended = drain_call()
-        if not every_rank_has_a_batch(trainer, not ended):
+        if not vote_after_call(drain_call()).every_rank_continues_the_dataloader:
             return calls
         if calls >= NoProgressGuard.LIMIT:
             raise RuntimeError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -95,8 +96,8 @@ class DrainsHeldBatches:
                 self.trainer, data_ended and not last_call_stopped and makes_drain_calls(rule, pulled_ahead)
             )
         else:  # the end of data is agreed; what the ranks' calls were like travelled with it
-            drains = data_ended and not vote.a_call_was_cut_short and makes_drain_calls(
-                rule, vote.every_rank_pulled_ahead
+            drains = data_ended and not vote.a_call_was_cut_short and (
+                vote.every_rank_continues_the_dataloader or makes_drain_calls(rule, vote.every_rank_pulled_ahead)
             )
         if drains:
             self._drain_held_batches()
@@ -105,7 +106,11 @@ class DrainsHeldBatches:
 
     def _drain_held_batches(self) -> None:
         with self._draining():
-            drain(self.trainer, self._drain_call)
+            drain(self.trainer, self._drain_call, vote_after_call=self._vote_after_drain_call())
+
+    def _vote_after_drain_call(self) -> Callable[[bool], RanksVote] | None:
+        """The ranks' vote after a drain call where the design's vote records it (``drain``), else None."""
+        return None
 
     # [RFC 3]
     def _drain_call(self) -> bool:

@@ -35,7 +35,6 @@ from prototypes.common import (
     BatchTransfer,
     StepIterator,
     end_of_data_vote_needed,
-    makes_drain_calls,
     warn_declined,
 )
 from prototypes.lightning_changes import CountsConsumed
@@ -173,6 +172,7 @@ class _LoaderIteratorLifecycle:
             ranks_vote=end_of_data_vote_needed(trainer),
             consumed_loader_states=producer.loader_states(),
             take_ahead=self.take_ahead if self.drain_dataloader is None else None,  # training accumulates windows
+            drain_rule=self.options.drain,
         )
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
         if self._thread_records_on_profiler:
@@ -302,7 +302,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         if ended is not None and self.drain_dataloader is not None:
             # Why here, not after the step that took the last batch: a pipeline's own thread may take it between
             # the calls, after any earlier check; this is the last point before the loop moves on
-            if not calls.call.cut_short and makes_drain_calls(self.options.drain, calls.every_rank_pulled_ahead()):
+            if calls.drains_here():
                 self.drain_dataloader(ended.dataloader_idx)
                 head = calls.peek_on_every_rank()
             self._close_iterator()  # the loop over that dataloader ended (C14 a)

@@ -120,6 +120,9 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         if fetcher is not None:
             self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
 
+    def _vote_after_drain_call(self) -> Callable[[bool], RanksVote]:
+        return self.trainer.fit_loop.prefetching_fetcher.calls.vote_after_drain_call
+
     def _vote_since_the_last_call(self) -> RanksVote | None:
         calls = self.trainer.fit_loop.prefetching_fetcher.calls
         calls.peek_on_every_rank()  # the ranks vote here unless they did since the last call (or do not vote)
@@ -273,7 +276,7 @@ class _PrefetchingEvaluationLoop(StockProfilerActions, _PrefetchingEvaluationSte
         """The drain calls at the end of a dataloader's batches (C17 for evaluation), before the loop moves on."""
         with self._data_fetcher.calls.drain_calls():
             drain_call = functools.partial(evaluation_drain_call, self, dataloader_idx, self._run_drain_call)
-            drain(self.trainer, drain_call, self.step_name)
+            drain(self.trainer, drain_call, self.step_name, self._data_fetcher.calls.vote_after_drain_call)
 
 
 class _PrefetchingPredictionLoop(
@@ -288,7 +291,7 @@ class _PrefetchingPredictionLoop(
             drain_call = functools.partial(
                 prediction_drain_call, self, dataloader_idx, self._run_drain_call, lambda: calls.call.batch_indices
             )
-            drain(self.trainer, drain_call, self.step_name)
+            drain(self.trainer, drain_call, self.step_name, calls.vote_after_drain_call)
 
     def _predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int, dataloader_iter: Any) -> None:
         super()._predict_step(batch, batch_idx, dataloader_idx, dataloader_iter)

@@ -12,7 +12,15 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import BATCHES_LEFT_WHEN_A_PEER_ENDED, RanksVote, StepCall, StepCalls, vote
+from prototypes.common import (
+    BATCHES_LEFT_WHEN_A_PEER_ENDED,
+    PULLED_AHEAD,
+    RanksVote,
+    StepCall,
+    StepCalls,
+    makes_drain_calls,
+    vote,
+)
 from prototypes.prefetcher.producer import Produced
 
 
@@ -64,8 +72,12 @@ class RanksVoteBetweenCalls:
     voted_before_call: int | None  # the step call the ranks last agreed to start
     last_vote: RanksVote | None  # what they agreed then
     take_ahead: Callable[[], Produced | None] | None  # for ``ends_within_the_next_call``; None: no window to close
+    drain_rule: str  # when the loop makes drain calls (``common.DRAIN_RULES``)
+    dataloader_idx: int | None  # the dataloader of the last batch handed out (None before the first)
+    drained: bool
     peek: Callable[[], Produced | None]
     pulled_ahead: Callable[[], bool]
+    holds: Callable[[], bool]
     drop_rest: Callable[[], int]
     available: Callable[..., int]
 
@@ -84,17 +96,37 @@ class RanksVoteBetweenCalls:
             if not (self.ranks_vote and self.vote_due()):
                 return head
             self.voted_before_call = self.call.index
+            in_this_dataloader = head is not None and head.dataloader_idx in (self.dataloader_idx, None)
+            holds = not in_this_dataloader and self.holds_batches()
             self.last_vote = vote(
-                self.trainer, head is not None, cut_short=self.call.cut_short,
-                ends_within_the_next_call=head is not None and self.ends_within_the_next_call(head),
-                pulled_ahead=self.pulled_ahead(),
+                self.trainer, head is not None or holds, cut_short=self.call.cut_short,
+                ends_within_the_next_call=in_this_dataloader and self.ends_within_the_next_call(head),
+                pulled_ahead=self.pulled_ahead(), continues_the_dataloader=in_this_dataloader or holds,
             )
-            if self.last_vote.every_rank_has_a_batch:
-                return head
-            if self.drop_rest():
-                warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=2)
-            self.ranks_vote = False  # every rank ended at this call; a rank asking again must not wait for a vote
-            return None
+            return head if self.last_vote.every_rank_has_a_batch else self.every_rank_ended()
+
+    def every_rank_ended(self) -> None:
+        """The ranks agreed that one makes no further call: this rank drops what it holds and votes no more."""
+        if self.drop_rest():
+            warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=3)
+        self.ranks_vote = False
+
+    def holds_batches(self) -> bool:
+        """Whether this rank's step holds batches it pulled ahead (``StepCalls.holds``) that the loop may still
+        drain: its rule allows it, the last call was whole, and the loop has not drained yet."""
+        return not (self.drained or self.call.cut_short) and makes_drain_calls(self.drain_rule, True) and self.holds()
+
+    def vote_after_drain_call(self, ended: bool) -> RanksVote:
+        """The ranks' vote after a drain call (``drain``'s): whether every rank makes another call over the
+        dataloader. It pairs with a peer's vote between two regular calls (``peek_on_every_rank``), where the peer's
+        data ended a call later."""
+        head = self.peek()
+        agreed = vote(
+            self.trainer, not ended or head is not None, pulled_ahead=not ended, continues_the_dataloader=not ended
+        )
+        if not agreed.every_rank_has_a_batch:
+            self.every_rank_ended()
+        return agreed
 
     def ends_within_the_next_call(self, head: Produced) -> bool:
         """Whether this rank's look-ahead sees its data end within the next call, if that call takes as many batches
@@ -111,17 +143,23 @@ class RanksVoteBetweenCalls:
         expected = max(self.call.consumed, 1)
         return self.available(expected + 1, head.dataloader_idx, self.take_ahead) <= expected
 
-    def every_rank_pulled_ahead(self) -> bool:
-        """``pulled_ahead()`` as the ranks agreed it after the last call (every rank's step), or this rank's where
-        they did not vote."""
+    def drains_here(self) -> bool:
+        """Whether the loop makes drain calls after the call that ended the current dataloader's data on this rank:
+        as the ranks agreed after that call (every rank continues the dataloader, or every rank pulled ahead), or by
+        this rank's own rule where they did not vote."""
+        if self.call.cut_short:
+            return False
         if self.last_vote is not None and self.voted_before_call == self.call.index:
-            return self.last_vote.every_rank_pulled_ahead
-        return self.pulled_ahead()
+            vote = self.last_vote
+            return vote.every_rank_continues_the_dataloader or makes_drain_calls(
+                self.drain_rule, vote.every_rank_pulled_ahead
+            )
+        return makes_drain_calls(self.drain_rule, self.pulled_ahead())
 
     def vote_due(self) -> bool:
-        """Where the ranks vote at all (``ranks_vote``), whether they vote now: between two calls, once per call. Why
-        the callers check ``ranks_vote`` first: it is off for most runs, and they ask on every batch."""
-        return not self.call.open and self.voted_before_call != self.call.index
+        """Where the ranks vote at all (``ranks_vote``: the callers check it first, it is off for most runs), whether
+        they vote now: between two calls, once per call, not after a drain call (``vote_after_drain_call`` is)."""
+        return not (self.call.open or self.call.drain) and self.voted_before_call != self.call.index
 
 
 class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
@@ -137,7 +175,7 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
     def __init__(
         self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
-        take_ahead: Callable[[], Produced | None] | None = None,
+        take_ahead: Callable[[], Produced | None] | None = None, drain_rule: str = PULLED_AHEAD,
     ) -> None:
         super().__init__(hook_name)
         self.trainer, self.take = trainer, take
@@ -146,7 +184,8 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
         self.ahead: deque[Produced] = deque()
         self.released_ahead = 0
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
-        self.ranks_vote, self.take_ahead = ranks_vote, take_ahead
+        self.ranks_vote, self.take_ahead, self.drain_rule = ranks_vote, take_ahead, drain_rule
+        self.dataloader_idx: int | None = None
         self.voted_before_call: int | None = None
         self.last_vote: RanksVote | None = None
         # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
@@ -167,7 +206,7 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
         if head is None or head.dataloader_idx != dataloader_idx:
             raise StopIteration
         self.head = self.ahead.popleft() if self.ahead else None
-        self.consumed_loader_states = head.loader_states
+        self.consumed_loader_states, self.dataloader_idx = head.loader_states, head.dataloader_idx
         call = self.call
         if call.open:
             call.batches.append(head.batch)

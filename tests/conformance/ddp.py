@@ -64,7 +64,7 @@ UNEQUAL_CALLS_PATTERN = (1, 2)
 
 # (d) equal shards ("explicit": 4 batches per rank, in order), a step that pulls ahead on rank 0 (Lightning's
 # async-handle pattern: it holds one batch at the end of its data, which it reaches a call early) and a simple step
-# on rank 1 (holds none): a drain call on rank 0 alone would pair its gradient all-reduce with nothing.
+# on rank 1 (holds none): rank 0 trains what it holds in a drain call while rank 1 trains its last batch.
 HELD_ON_ONE_RANK = "held-on-one-rank"
 
 # (b) an IterableDataset sharded unevenly by rank: rank 0 has 4 batches, rank 1 has 2 (whole steps for 1 and 2
