@@ -18,6 +18,7 @@ from rendering.benchmarks import (
     block_bench_targets,
     block_ddp_cost_model,
 )
+from rendering.collective_counts import block_ddp_counts
 from rendering.conformance import (
     MATRIX_PAGE,
     block_clause_tests,
@@ -67,6 +68,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "bench-s3-profile": bench_block("S3-profile"),
     "bench-s7": bench_block("S7"),
     "ddp-cost-model": block_ddp_cost_model,
+    "ddp-counts": block_ddp_counts,
     "bench-other": block_bench_other,
     "bench-notes": block_bench_notes,
     "plot-efficiency": plot_block("plot-efficiency"),

@@ -52,10 +52,11 @@ class CountedAsyncHandleModule(AsyncHandleModule):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.calls = self.drain_calls = 0
 
     def training_step(self, dataloader_iter):
         self.calls += 1
+        self.drain_calls += dataloader_iter.done  # a drain call finds the data ended on entry (C17)
         return super().training_step(dataloader_iter)
 
 
@@ -84,9 +85,10 @@ def _fit_counted(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
             trainer.fit(module, train_dataloaders=DataLoader(SizedItems(ITEMS), batch_size=per_batch))
         except BaseException as raised:  # noqa: BLE001 - every outcome is reported to the test process
             error = describe_error(raised)
-    calls = getattr(module, "calls", module.step_calls + module.record.drain_calls)
+    drain_calls = getattr(module, "drain_calls", module.record.drain_calls)
+    calls = getattr(module, "calls", module.step_calls + drain_calls)
     return dict(
-        counted.as_dict(), error=error, calls=calls, drain_calls=module.record.drain_calls,
+        counted.as_dict(), error=error, calls=calls, drain_calls=drain_calls,
         batches=sum(map(len, module.record.steps)),
         steps=[[list(ids_), batch_idx, dl_idx] for step in module.record.steps for ids_, batch_idx, dl_idx in step],
         per_step=[len(step) for step in module.record.steps],
@@ -137,11 +139,18 @@ def test_the_regular_flavour_communicates_as_stock_does(design):
 
 @pytest.mark.timeout(TIMEOUT_S)
 @pytest.mark.parametrize("kind, pattern", COUNT_RUNS[1:], ids=["1-per-call", "2-per-call", "async-handle"])
-def test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one(design, kind, pattern):
+def test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one(design, kind, pattern, record_property):
     """Per step call, drain calls included, at most the one collective and host read stock Lightning makes before
     every batch, plus one per epoch: the vote after the last call, where the ranks agree that the data ended (stock's
-    regular flavour needs none there: each rank knows its loader's end, and a rank whose shard is longer hangs)."""
-    for rank, outcome in enumerate(_outcome(design, kind, pattern)):
+    regular flavour needs none there: each rank knows its loader's end, and a rank whose shard is longer hangs). The
+    counts, per rank, go to the results for the RFC (``rfc/rendering/collective_counts.py``)."""
+    outcomes = _outcome(design, kind, pattern)
+    stock = [_stock_regular(rank) for rank in range(len(outcomes))]
+    for key in ("calls", "drain_calls", "total", "host_reads"):
+        record_property(key, [outcome[key] for outcome in outcomes])
+    for key in ("batches", "total", "host_reads"):
+        record_property(f"stock_{key}", [counted[key] for counted in stock])
+    for rank, outcome in enumerate(outcomes):
         allowed = outcome["calls"] + 1
         assert outcome["total"] <= allowed and outcome["host_reads"] <= allowed, (
             f"rank {rank}: {outcome['calls']} step calls ({outcome['drain_calls']} of them drain calls) over"
