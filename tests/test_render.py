@@ -538,6 +538,26 @@ def test_an_items_block_sits_in_that_item(listed):
     assert result.returncode == 2 and "page.md: a code-item block outside the list's items" in result.stderr
 
 
+def test_a_design_page_quotes_each_item_it_names(listed):
+    designs = listed / "designs"
+    designs.mkdir(exist_ok=True)
+    page = designs / "a_design.md"
+    page.write_text("# A design\n\nIt looks ahead as the RFC asks (item 2), and counts batches.\n")
+    result = run(listed, "--check")
+    assert result.returncode == 2 and "a_design.md: names item 2 without quoting it" in result.stderr
+    _edit(page, "(item 2)", "(<!-- BEGIN GENERATED: quote-item-2 --><!-- END GENERATED: quote-item-2 -->)")
+    assert run(listed).returncode == 0
+    assert ("(<!-- BEGIN GENERATED: quote-item-2 -->item 2: *Look ahead, a sentence that goes on.*"
+            "<!-- END GENERATED: quote-item-2 -->)") in page.read_text()
+    # the item changes: the quote is stale until re-rendered, and a quote of no item fails
+    _edit(listed / "index.md", "2. Look ahead, a sentence that", "2. Look two ahead, a sentence that")
+    assert run(listed, "--check").returncode == 1
+    _edit(page, "quote-item-2 -->)", "quote-item-2 -->) <!-- BEGIN GENERATED: quote-item-9 --><!-- END GENERATED: "
+                                     "quote-item-9 -->")
+    result = run(listed)
+    assert result.returncode == 2 and "a block quote-item-9 quotes no item" in result.stderr
+
+
 def test_the_rendered_thread_decision_and_the_code_default_agree():
     """Decision 2 rendered from the committed benchmarks and what the recommended design ships must agree: a thread
     by default means its registered options are its ``thread_options``, opt-in means they are not. A measurement

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rendering import code_pointers
+from rendering import code_pointers, item_quotes
 from rendering.benchmarks import (
     bench_block,
     block_bench_notes,
@@ -89,12 +89,15 @@ def block_named(name: str) -> Callable[[Inputs, Path], str] | None:
     """The block a marker names: one of ``BLOCKS``, or a list item's code pointers (``code-item-<n>``)."""
     if name in BLOCKS:
         return BLOCKS[name]
-    match = code_pointers.BLOCK_RE.fullmatch(name)
-    return code_pointers.block_code_item(int(match.group(1))) if match else None
+    if match := code_pointers.BLOCK_RE.fullmatch(name):
+        return code_pointers.block_code_item(int(match.group(1)))
+    if match := item_quotes.BLOCK_RE.fullmatch(name):
+        return item_quotes.block_quote_item(int(match.group(1)))
+    return None
 
 
 def _wrap(name: str, content: str, command: str) -> str:
-    if code_pointers.BLOCK_RE.fullmatch(name):  # inline, inside a list item's sentence
+    if code_pointers.BLOCK_RE.fullmatch(name) or item_quotes.BLOCK_RE.fullmatch(name):  # inline, in a sentence
         return f"<!-- BEGIN GENERATED: {name} -->{content}<!-- END GENERATED: {name} -->"
     return (
         f"<!-- BEGIN GENERATED: {name} -->\n{GENERATED_NOTE.format(cmd=command)}\n\n"
@@ -187,7 +190,8 @@ def fill_blocks(text: str, inputs: Inputs, page_dir: Path, path: Path) -> str:
     for name in matched:
         if block_named(name) is None:
             raise RenderError(
-                f"{path}: unknown generated block {name!r}; known blocks: {', '.join(BLOCKS)}, code-item-<n>"
+                f"{path}: unknown generated block {name!r}; known blocks: {', '.join(BLOCKS)},"
+                " code-item-<n>, quote-item-<n>"
             )
     blocks = iter(once_per_page([block_named(name)(inputs, page_dir) for name in matched]))
     return BLOCK_RE.sub(lambda m: _wrap(m.group("name"), next(blocks), inputs.command), text)
@@ -208,6 +212,10 @@ def plan(inputs: Inputs) -> Plan:
     problems = code_pointers.check(inputs, hand_written)
     if problems:
         raise RenderError("the RFC's list and the code's [RFC n] tags disagree:\n  " + "\n  ".join(problems))
+    problems = item_quotes.check(inputs, hand_written)
+    if problems:
+        raise RenderError("design pages rely on items of the RFC's list without quoting them:\n  "
+                          + "\n  ".join(problems))
     for page, old in hand_written.items():
         if "GENERATED:" in old:
             new = fill_blocks(old, inputs, page.parent, page)
