@@ -23,6 +23,7 @@ environment: a stock package under this name would report stock Lightning's beha
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 from pathlib import Path
@@ -40,8 +41,42 @@ PATCH_DIR = Path(__file__).resolve().parent.parent / "patch"
 
 
 def patch_sources(patch_dir: Path = PATCH_DIR) -> list[Path]:
-    """The sources that decide the patched package: the edit engine, the series writer and the items."""
-    return sorted([patch_dir / "edits.py", patch_dir / "series.py", *(patch_dir / "items").rglob("*.py")])
+    """The sources that decide the patched package: the edit engine, the series writer, the transplant, the items,
+    and every prototype module they import, directly or through one another (the code the series carries into
+    Lightning is read from them)."""
+    own = [patch_dir / "edits.py", patch_dir / "series.py", patch_dir / "transplant.py",
+           *(patch_dir / "items").rglob("*.py")]
+    root, imported, todo = patch_dir.parent, set(), [path for path in own if path.is_file()]
+    while todo:
+        for module in _prototype_imports(todo.pop()):
+            path = _module_file(root, module)
+            if path is not None and path not in imported:
+                imported.add(path)
+                todo.append(path)
+    return sorted([*own, *imported])
+
+
+def _prototype_imports(path: Path) -> set[str]:
+    """The ``prototypes`` modules ``path`` imports (for ``from a import b``, both ``a`` and ``a.b``: ``b`` may be a
+    module)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prototypes"):
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names if alias.name.startswith("prototypes")}
+    return names
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    """The file of ``module`` under ``root``; None for the registry (``prototypes/__init__.py`` names every design,
+    none of which the series carries) and for a name that is not a module."""
+    path = root.joinpath(*module.split("."))
+    if path.with_suffix(".py").is_file():
+        return path.with_suffix(".py")
+    if module != "prototypes" and (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return None
 
 
 def patch_sources_digest(patch_dir: Path = PATCH_DIR) -> str | None:
@@ -51,7 +86,7 @@ def patch_sources_digest(patch_dir: Path = PATCH_DIR) -> str | None:
         return None
     digest = hashlib.sha256()
     for path in sources:
-        digest.update(path.relative_to(patch_dir).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(path.relative_to(patch_dir.parent).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return f"sha256:{digest.hexdigest()}"
 
 
