@@ -18,6 +18,38 @@ from collections.abc import Callable
 from pathlib import Path
 
 Predicate = Callable[[ast.stmt], bool]
+LINE_LENGTH = 120  # Lightning's line length (its pyproject.toml)
+
+
+def import_statement(line: str) -> str:
+    """An import as Lightning's formatter writes it: on one line, or, where that passes ``LINE_LENGTH``, its names in
+    parentheses, one per line, with a trailing comma."""
+    node = ast.parse(line.strip()).body[0]
+    text = ast.unparse(node)
+    if len(text) <= LINE_LENGTH or not isinstance(node, ast.ImportFrom):
+        return text + "\n"
+    names = "".join(f"    {ast.unparse(alias)},\n" for alias in node.names)
+    return f"from {'.' * node.level}{node.module} import (\n{names})\n"
+
+
+def _split_parameters(text: str) -> list[str]:
+    """A parameter list's parameters, split at its top-level commas (not those inside brackets or strings)."""
+    parts, depth, quote, current = [], 0, "", ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+            continue
+        current += char
+    return [part for part in [*parts, current.strip()] if part]
 
 
 class PlaceNotFound(LookupError):
@@ -176,7 +208,15 @@ class ModuleSource:
         end = last.annotation if last.annotation is not None else last
         lines = self.lines
         line = lines[end.end_lineno - 1]
-        lines[end.end_lineno - 1] = line[: end.end_col_offset] + ", " + parameters + line[end.end_col_offset:]
+        line = line[: end.end_col_offset] + ", " + parameters + line[end.end_col_offset:]
+        if len(line.rstrip("\n")) > LINE_LENGTH and function.lineno == end.end_lineno:
+            # one parameter per line, as Lightning's formatter writes a signature that does not fit
+            opening = line.index("(", line.index(f"def {function.name}"))
+            closing = line.rindex(")")
+            indent = line[: len(line) - len(line.lstrip())]
+            parameters_text = "".join(f"{indent}    {p},\n" for p in _split_parameters(line[opening + 1 : closing]))
+            line = f"{line[: opening + 1]}\n{parameters_text}{indent}{line[closing:]}"
+        lines[end.end_lineno - 1] = line
         self.path.write_text("".join(lines))
         ast.parse(self.path.read_text(), filename=str(self.path))
 
@@ -222,7 +262,7 @@ class ModuleSource:
     def add_import(self, line: str) -> None:
         """Add an import statement after the module's last top-level import."""
         last = [node for node in self._tree().body if isinstance(node, (ast.Import, ast.ImportFrom))][-1]
-        self._splice(last.end_lineno + 1, last.end_lineno, line.strip() + "\n")
+        self._splice(last.end_lineno + 1, last.end_lineno, import_statement(line))
 
 
 # ---- predicates naming a statement by its structure

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
+from patch.edits import import_statement
+
 
 def definition_source(obj: Callable[..., Any] | type, *, name: str, constants: Mapping[str, str] = {}) -> str:
     """The source of ``obj``'s definition, dedented, renamed ``name``, each constant replaced by its literal."""
@@ -24,7 +26,7 @@ def definition_source(obj: Callable[..., Any] | type, *, name: str, constants: M
     source = re.sub(rf"^(\s*(?:def|class)\s+){re.escape(obj.__name__)}\b", rf"\g<1>{name}", source, count=1, flags=re.M)
     for constant, literal in constants.items():
         source = re.sub(rf"\b{re.escape(constant)}\b", literal, source)
-    return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source)
+    return for_lightning(source)
 
 
 def module_source(
@@ -75,7 +77,15 @@ def module_source(
         source = '"""' + docstring.strip() + '"""\n\n' + source.lstrip("\n")
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
-    return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source).rstrip("\n") + "\n"
+    return for_lightning(source).rstrip("\n") + "\n"
+
+
+def for_lightning(source: str) -> str:
+    """Prototype source as Lightning's readers get it: without the references to the suite's clauses and without the
+    ``[RFC n]`` tags that point the RFC's list at the code (a comment that is only a tag goes)."""
+    source = re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source)
+    source = re.sub(r"^[ \t]*# \[RFC \d+\][^\S\n]*\n", "", source, flags=re.M)
+    return re.sub(r"\[RFC \d+\] ?", "", source)
 
 
 def _defined_names(node: ast.stmt) -> set[str]:
@@ -108,14 +118,15 @@ def _rewritten_import(node: ast.Import | ast.ImportFrom, used: set[str], imports
     if not kept:
         return ""
     if isinstance(node, ast.Import):
-        return ast.unparse(ast.Import(kept)) + "\n"
+        return import_statement(ast.unparse(ast.Import(kept)))
     module = node.module or ""
     if not module.startswith("prototypes"):
-        return ast.unparse(ast.ImportFrom(module, kept, 0)) + "\n"
+        return import_statement(ast.unparse(ast.ImportFrom(module, kept, 0)))
     by_target: dict[str, list[ast.alias]] = {}
     for alias in kept:
         by_target.setdefault(_lightning_module(module, alias.name, imports), []).append(alias)
-    return "".join(ast.unparse(ast.ImportFrom(target, aliases, 0)) + "\n" for target, aliases in by_target.items())
+    return "".join(import_statement(ast.unparse(ast.ImportFrom(target, aliases, 0)))
+                   for target, aliases in by_target.items())
 
 
 def _lightning_module(module: str, name: str, imports: Mapping[str, str]) -> str:
@@ -135,4 +146,4 @@ def methods_source(cls: type, names: Iterable[str]) -> str:
         member = cls.__dict__[name]
         function = member.fget if isinstance(member, property) else member
         pieces.append(textwrap.dedent(inspect.getsource(function)))
-    return re.sub(r" \((?:clause )?C\d+[^)]*\)", "", "\n".join(pieces))
+    return for_lightning("\n".join(pieces))

@@ -218,7 +218,7 @@ def refuse_mixed_step_signature(step: Callable[..., Any], hook_name: str) -> Non
 class NoProgressGuard:
     """Stops a run whose step keeps returning without consuming a batch while batches remain (clause C14).
 
-    A design that looks ahead knows a batch is pending, so it would call such a step forever. ``LIMIT`` consecutive
+    A loop that looks ahead knows a batch is pending, so it would call such a step forever. ``LIMIT`` consecutive
     empty step calls is far above any deliberate pattern (a step that skips a few calls to wait for async work)
     and far below a visible hang.
     """
@@ -270,7 +270,7 @@ class StepCall:
 
 
 # When the loop makes drain calls: the candidate rules the RFC's drain decision compares, by what they do with
-# unmodified clients; the first is the one every loop follows unless a design's option picks another
+# unmodified clients; the first is the one every loop follows unless an option picks another
 PULLED_AHEAD = "pulled-ahead"  # only after a dataloader the step pulled ahead of its calls (``BatchesTakenPerCall``)
 ALWAYS = "always"  # after every dataloader's last batch
 NEVER = "never"  # none: stock Lightning's loop, and what a rule waiting for the step to ask gives a step that does not
@@ -332,8 +332,8 @@ class BatchesTakenPerCall:
 
 class StepCalls:
     """The step calls of one loop over the data (an epoch, an evaluation run), on the loop's thread: the running call,
-    or the last one (``call``), and the guard against calls that consume nothing. A design's loop makes one per loop
-    over the data, and extends it with what its way of holding batches needs."""
+    or the last one (``call``), and the guard against calls that consume nothing. A loop makes one per pass over
+    the data, and extends it with what its way of holding batches needs."""
 
     def __init__(self, hook_name: str = "training_step", last: StepCall | None = None) -> None:
         self.call = last or StepCall()  # ``last``: the call a resumed run's checkpoint recorded
@@ -384,7 +384,7 @@ class StepCalls:
             self.drained = True
 
 
-# The misuse messages of clause C14, shared by every design so that one wording names each fix.
+# The misuse messages, shared by every loop that hands out dataloader_iter, so that one wording names each fix.
 ITERATOR_USED_AFTER_ITS_LOOP = (
     "dataloader_iter was used after the loop over its dataloader ended (the epoch, the evaluation run or fit"
     " returned): a batch taken now would belong to no step call. Pull batches only while the loop runs, from the step"
@@ -444,7 +444,7 @@ class BatchTransfer:
     ``on_after_batch_transfer`` (the datamodule's where it overrides them, as Lightning picks them), each recorded
     under the action name Lightning's own dispatch gives it. ``pin`` runs between the first hook and the copy.
     Why not Lightning's dispatch (``trainer._call_lightning_module_hook``): it sets ``module._current_fx_name``, which
-    ``self.log`` on the main thread reads, so it cannot run on a prefetch thread; one path serves every design.
+    ``self.log`` on the main thread reads, so it cannot run on a prefetch thread; one path serves every loop.
     Why an object: the hooks, their owners and their profiler actions are resolved once per loop over the data
     (build one there), not for every batch.
     """
@@ -485,12 +485,12 @@ class StepIterator(Iterator):
 
     The contract: one object for every step call over one dataloader (in training: the epoch), as stock Lightning
     hands out, valid until the loop over that dataloader ends; a ``next()`` between step calls (a pipeline's own
-    loading thread) hands out the next batch, counted toward the next call. A design's subclass hands out the next
+    loading thread) hands out the next batch, counted toward the next call. A subclass hands out the next
     ``(batch, batch_idx, dataloader_idx)`` in ``_take`` (StopIteration when none remains), says in ``_has_next``
     whether one remains and in ``_available(k)`` how many of the next k remain, handing none out (what
-    ``has_batches`` answers; a design that cannot look ahead leaves it raising). ``done`` is exact (C5). Once the
+    ``has_batches`` answers; one that cannot look ahead leaves it raising). ``done`` is exact (C5). Once the
     loop closes the iterator, ``next()`` raises an error naming the fix (``closed_message``): a batch taken then would
-    belong to no step call. A design that hands each call a new iterator and closes it when the call returns sets
+    belong to no step call. A loop that hands each call a new iterator and closes it when the call returns sets
     ``ITERATOR_USED_AFTER_ITS_STEP``, stricter than the contract.
     """
 
@@ -507,7 +507,7 @@ class StepIterator(Iterator):
         raise NotImplementedError
 
     def _available(self, count: int) -> int:
-        """How many of the next ``count`` batches remain (a look-ahead of ``count``); a design records an answer
+        """How many of the next ``count`` batches remain (a look-ahead of ``count``); a subclass records an answer
         below ``count`` in the running call (``StepCall.fewer_left``)."""
         raise NotImplementedError(
             f"this loop's dataloader_iter has no look-ahead: {type(self).__name__}.has_batches is not supported"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import patch.series as series
+from patch.edits import LINE_LENGTH
 from patch.environment import BuildError, check_sdist_layout, marker_series
 from patch.items import ITEMS, Item
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
@@ -100,6 +101,24 @@ def test_one_patch_per_item_in_order(generated):
         # a long subject is folded over lines, as mail headers are
         subject = re.sub(r"\n\s+", " ", email.message_from_string(path.read_text())["Subject"])
         assert subject.endswith(f"[RFC {item.number}] {item.title}"), path.name
+
+
+# what Lightning's reviewers would find in added lines and should not: this repository's words (the RFC's item tags,
+# the suite's clauses, the benchmarks' scenarios, its designs and prototypes), and lines past Lightning's 120 columns
+OUR_WORDS_RE = re.compile(r"\[RFC \d+\]|\bclause\b|\bC\d{1,2}\b|\bS\d\b|\bdesigns?\b|\bprototypes?\b", re.I)
+
+
+def test_the_added_lines_speak_lightnings_language_in_its_line_length(generated):
+    if generated["items"] is not ITEMS:
+        pytest.skip("the series of the items made here for the test")
+    found = []
+    for path in generated["sdist"]:
+        diff = path.read_text().split("\ndiff --git ", 1)[-1]
+        for line in diff.splitlines():
+            if line.startswith("+") and not line.startswith("+++"):
+                if len(line) - 1 > LINE_LENGTH or OUR_WORDS_RE.search(line):
+                    found.append(f"{path.name}: {line[1:][:140]}")
+    assert not found, "added lines Lightning would not take:\n" + "\n".join(found)
 
 
 def test_each_patch_applies_in_order_to_a_fresh_unpack_and_the_last_leaves_the_patched_tree(generated):

@@ -63,8 +63,8 @@ The record of one loop over the data's step calls, on the loop's thread: the pee
 running call, batches taken between calls, drain calls.
 """),
     "fetcher": (prototypes.prefetcher.fetcher, None, (), """
-The fetcher the loops choose for a step taking ``dataloader_iter``: it hands the step the batches it consumes, through
-one iterator per loop over a dataloader, and counts them.
+The fetcher the loops choose for a step taking ``dataloader_iter``: it hands the step the batches it consumes,
+through one iterator per loop over a dataloader, and counts them.
 """),
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
@@ -75,9 +75,9 @@ a schedule should be sized for.
 """),
     "optimization": (prototypes.lightning_changes.optimization,
                      {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, (), """
-What the optimisation loops do for a step taking ``dataloader_iter``: a training step call cut short by the end of the
-data (no optimizer step for its batches, its gradients discarded under manual optimisation, the user told once per
-fit), and under DDP which calls skip the gradient all-reduce and how a window the data closed unforeseen is
+What the optimisation loops do for a step taking ``dataloader_iter``: a training step call cut short by the end of
+the data (no optimizer step for its batches, its gradients discarded under manual optimisation, the user told once
+per fit), and under DDP which calls skip the gradient all-reduce and how a window the data closed unforeseen is
 synchronised once.
 """),
     "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, (), """

@@ -78,7 +78,7 @@ def configured_optimizer_steps(trainer: pl.Trainer) -> Iterator[list[torch.optim
 # [RFC 3]
 class WeightChanges:
     """Whether the module's weights changed in place since it was made (``changed()``): how the loop tells that a drain
-    call which looks idle to C17's rule trained all the same, with something it cannot see (an optimizer the module
+    call which looks idle to the drain rule trained all the same, with something it cannot see (an optimizer the module
     did not configure)."""
 
     def __init__(self, module: torch.nn.Module) -> None:

@@ -51,7 +51,7 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         epoch's last batch. A drain call, or a call that declined the batches left (``StepCall.declined``), that
         computed no loss reaches no optimizer hook: no batch was trained.
 
-        A StopIteration from the step propagates (no backward ran): the design tells the end of the data from a stray
+        A StopIteration from the step propagates (no backward ran): the loop tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
         """
         trainer, step_call_idx = self.trainer, call.index - 1

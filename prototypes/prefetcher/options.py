@@ -17,7 +17,7 @@ from prototypes.prefetcher.profiler_guard import ProfilerGuard
 
 @dataclass(frozen=True)
 class Options:
-    """The design's options, as the user chose them: ``depth``, the most batches produced ahead of the step (0: none,
+    """The fetcher's options, as the user chose them: ``depth``, the most batches produced ahead of the step (0: none,
     on the step's thread; ``"auto"``: the thread decides per epoch whether it pays, ``PrefetchThread``),
     ``transfer_ahead``, whether the transfer hooks run with the loading rather than as a batch is handed out, and
     ``drain``, when the loop makes drain calls (``common.DRAIN_RULES``): the RFC's drain decision compares

@@ -16,7 +16,7 @@ AUTO = "auto"  # the depth that decides for itself whether the thread pays (see 
 AUTO_DEPTH = 2  # what "auto" runs at while it measures, and keeps when the thread pays
 AUTO_PROBE_BATCHES = 8  # batches measured before deciding, once per PrefetchThread (one per epoch)
 # The thread saves at most min(produce, consume) per batch and costs a queue hand-off (about 0.3-0.4 ms per batch
-# on the 2-core benchmark machine, S3); below this the hand-off would eat what the overlap saves.
+# measured on a 2-core machine); below this the hand-off would eat what the overlap saves.
 AUTO_MIN_OVERLAP_S = 0.001
 
 
