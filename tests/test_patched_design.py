@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
+import torch
 
 import harness_common
 import prototypes.patched as patched
@@ -92,3 +93,28 @@ def test_pytest_design_patched_stops_with_one_line_naming_the_build_command():
     assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
     assert lines == [f"ERROR: --design patched: {patched.unavailable_reason()}"]
     assert patched.BUILD_COMMAND in lines[0]
+
+
+class _TwoPerCall(pl.LightningModule):
+    """Takes two batches per call: over three batches its second call is cut short by the end of the data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, dataloader_iter):
+        batches = [next(dataloader_iter)[0] for _ in range(2)]
+        return sum(self.layer(batch).sum() for batch in batches)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.skipif(patched.unavailable_reason() is not None, reason="needs the patched package of this checkout")
+@pytest.mark.timeout(120)
+def test_the_patched_package_warns_of_a_call_cut_short_with_its_public_category():
+    from pytorch_lightning.utilities.warnings import CutShortCallWarning
+
+    trainer = DESIGN.trainer(**harness_common.QUIET)
+    with pytest.warns(CutShortCallWarning, match="cut short by the end of the data"):
+        trainer.fit(_TwoPerCall(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(3, 2), batch_size=1))

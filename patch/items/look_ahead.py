@@ -20,7 +20,7 @@ import prototypes.prefetcher.profiler_guard
 import prototypes.prefetcher.step_calls
 from patch.edits import LightningSource, assigns, calls
 from patch.items import Item
-from patch.transplant import module_source
+from patch.transplant import definition_source, module_source
 
 PACKAGE = "loops._dataloader_iter"
 LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
@@ -31,6 +31,8 @@ IMPORTS = {
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
     "prototypes.lightning_changes:samples_in": f"{LIGHTNING_PACKAGE}.log_batch_size",
     "prototypes.batches_per_call": f"{LIGHTNING_PACKAGE}.batches_per_call",
+    # public: a user filters it (or makes it an error) by its category
+    "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
 }
 # the progress classes count consumed batches themselves once item 1 is in
 NAMES = {"CountsConsumed": "_Progress"}
@@ -69,7 +71,7 @@ through one iterator per loop over a dataloader, and counts them.
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
 """),
-    "batches_per_call": (prototypes.batches_per_call, None, (), """
+    "batches_per_call": (prototypes.batches_per_call, None, {"CutShortCallWarning"}, """
 A step taking several batches per call: the warning for a call the data cut short, and the number of optimizer steps
 a schedule should be sized for.
 """),
@@ -92,6 +94,9 @@ PACKAGE_DOCSTRING = (
 
 
 def _look_ahead(source: LightningSource) -> None:
+    source.module("utilities.warnings").insert(
+        definition_source(prototypes.batches_per_call.CutShortCallWarning, name="CutShortCallWarning")
+    )
     source.add_module(f"{PACKAGE}.__init__", PACKAGE_DOCSTRING)
     for name, (module, keep, drop, docstring) in MODULES.items():
         text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring)
@@ -185,7 +190,9 @@ which batches the step had consumed. The loops now choose `_PrefetchingIterFetch
 gets first; it counts the batches handed out, records each step call's batches, and hands every step call of a
 loop over a dataloader the same iterator, valid until that loop ends. A `next()` between two calls (a pipeline's own
 loading thread) counts toward the next call. By default it loads on the step's thread; the run's options
-(`Trainer._dataloader_iter_resources`) can give it a prefetch thread.
+(`Trainer._dataloader_iter_resources`) can give it a prefetch thread. A training step call cut short by the end of
+the data warns with `CutShortCallWarning`, public in `pytorch_lightning.utilities.warnings`, so that a user can
+filter it or make it an error by its category.
 """,
     _look_ahead,
 )
