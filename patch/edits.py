@@ -240,6 +240,12 @@ class ModuleSource:
             raise PlaceNotFound(f"{self.name}: {qualname!r} has no docstring")
         indent = self._indent_of(docstring)
         paragraph = self._indented(text, indent) + "\n"
+        if docstring.lineno == docstring.end_lineno:  # one line: its closing quotes go on a line of their own
+            line = self.lines[docstring.lineno - 1]
+            closing = line.rindex(line.rstrip()[-3:])
+            self._splice(docstring.lineno, docstring.lineno,
+                         line[:closing] + "\n\n" + paragraph.rstrip("\n") + "\n" + indent + line[closing:])
+            return
         if before_section is None:
             self._splice(docstring.end_lineno, docstring.end_lineno - 1, "\n" + paragraph.rstrip("\n") + "\n")
             return

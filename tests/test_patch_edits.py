@@ -139,3 +139,22 @@ def test_replace_statement_and_add_import(module):
 def test_an_edit_that_leaves_the_module_unparsable_is_an_error(module):
     with pytest.raises(SyntaxError):
         module.replace("helper", "def helper(:\n    pass\n")
+
+
+def test_extend_docstring_opens_a_one_line_docstring(module):
+    module.extend_docstring("Loop.only_doc", "A second paragraph.")
+    assert '        """Nothing yet.\n\n        A second paragraph.\n        """\n' in module.path.read_text()
+
+
+def test_what_does_not_fit_lightnings_line_length_is_wrapped_as_its_formatter_wraps_it(module):
+    names = ", ".join(f"name_{i:02}" for i in range(20))
+    module.add_import(f"from pkg.loops.somewhere import {names}")
+    parameters = ("progress: Optional[dict] = None, drain_dataloader: Optional[Callable[[int], None]] = None,"
+                  " depth: int = 0, ahead=False")
+    module.add_parameters("Loop.run", parameters)
+    text = module.path.read_text()
+    assert "from pkg.loops.somewhere import (\n    name_00,\n    name_01,\n" in text and "    name_19,\n)\n" in text
+    assert ("    def run(\n        self,\n        progress: Optional[dict] = None,\n"
+            "        drain_dataloader: Optional[Callable[[int], None]] = None,\n        depth: int = 0,\n"
+            "        ahead=False,\n    ):\n") in text
+    assert max(map(len, text.splitlines())) <= 120
