@@ -76,6 +76,27 @@ class LightningSource:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
 
+    def add_changelog_entry(self, section: str, entry: str) -> None:
+        """Add ``entry`` under ``### section`` of the package's ``CHANGELOG.md``, in its unreleased release: in place of
+        the section's placeholder (a lone ``-``), or after its last entry, one blank line between entries."""
+        path = self.root / "CHANGELOG.md"
+        lines = path.read_text().splitlines(keepends=True)
+        unreleased = next((i for i, line in enumerate(lines) if line.startswith("## [unreleased]")), None)
+        if unreleased is None:
+            raise PlaceNotFound(f"{path}: no '## [unreleased]' release")
+        end = next((i for i in range(unreleased + 1, len(lines)) if lines[i].startswith(("## ", "---"))), len(lines))
+        heading = next((i for i in range(unreleased, end) if lines[i].strip() == f"### {section}"), None)
+        if heading is None:
+            raise PlaceNotFound(f"{path}: the unreleased release has no '### {section}' section")
+        stop = next((i for i in range(heading + 1, end) if lines[i].startswith("### ")), end)
+        body = [i for i in range(heading + 1, stop) if lines[i].strip()]
+        text = f"- {' '.join(entry.split())}\n"
+        if [lines[i].strip() for i in body] == ["-"]:
+            lines[body[0]] = text
+        else:
+            lines.insert(body[-1] + 1, "\n" + text)
+        path.write_text("".join(lines))
+
 
 class ModuleSource:
     """One module's text, with edits addressed by qualified names."""

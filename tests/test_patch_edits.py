@@ -158,3 +158,41 @@ def test_what_does_not_fit_lightnings_line_length_is_wrapped_as_its_formatter_wr
             "        drain_dataloader: Optional[Callable[[int], None]] = None,\n        depth: int = 0,\n"
             "        ahead=False,\n    ):\n") in text
     assert max(map(len, text.splitlines())) <= 120
+
+
+CHANGELOG = """# Changelog
+
+---
+
+## [unreleased] - YYYY-MM-DD
+
+### Added
+
+-
+
+### Fixed
+
+- Fixed an older thing
+
+---
+
+## [1.0.0] - 2020-01-01
+
+### Added
+
+- Added the first thing
+"""
+
+
+def test_a_changelog_entry_goes_into_the_unreleased_release_placeholder_first(source):
+    path = source.root / "CHANGELOG.md"
+    path.write_text(CHANGELOG)
+    source.add_changelog_entry("Added", "Added `has_batches(k)`,\n  over two lines")
+    source.add_changelog_entry("Added", "Added another")
+    source.add_changelog_entry("Fixed", "Fixed a new thing")
+    text = path.read_text()
+    assert "### Added\n\n- Added `has_batches(k)`, over two lines\n\n- Added another\n\n### Fixed" in text
+    assert "- Fixed an older thing\n\n- Fixed a new thing\n\n---" in text
+    assert text.endswith("### Added\n\n- Added the first thing\n")  # a released version is never touched
+    with pytest.raises(PlaceNotFound, match="no '### Removed' section"):
+        source.add_changelog_entry("Removed", "Removed nothing")

@@ -72,8 +72,9 @@ def _apply_in_order(patches: list[Path], root: Path) -> None:
 
 def _as_repository(sdist_root: Path, destination: Path) -> Path:
     """The release's package as Lightning's repository holds it: ``src/lightning/pytorch``, its imports unified."""
-    for path in (sdist_root / series.PACKAGE_IN_SDIST).rglob("*.py"):
-        target = destination / "src" / "lightning" / "pytorch" / path.relative_to(sdist_root / series.PACKAGE_IN_SDIST)
+    package = sdist_root / series.PACKAGE_IN_SDIST
+    for path in [*package.rglob("*.py"), package / "CHANGELOG.md"]:
+        target = destination / "src" / "lightning" / "pytorch" / path.relative_to(package)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(series.to_repository_layout(path.read_text()))
     return destination
@@ -113,11 +114,12 @@ def test_the_added_lines_speak_lightnings_language_in_its_line_length(generated)
         pytest.skip("the series of the items made here for the test")
     found = []
     for path in generated["sdist"]:
-        diff = path.read_text().split("\ndiff --git ", 1)[-1]
-        for line in diff.splitlines():
-            if line.startswith("+") and not line.startswith("+++"):
-                if len(line) - 1 > LINE_LENGTH or OUR_WORDS_RE.search(line):
-                    found.append(f"{path.name}: {line[1:][:140]}")
+        source_file = False
+        for line in path.read_text().split("\ndiff --git ", 1)[-1].splitlines():
+            if line.startswith("+++ "):
+                source_file = line.endswith(".py")  # the CHANGELOG's entries are one line each, as Lightning's
+            elif line.startswith("+") and ((source_file and len(line) - 1 > LINE_LENGTH) or OUR_WORDS_RE.search(line)):
+                found.append(f"{path.name}: {line[1:][:140]}")
     assert not found, "added lines Lightning would not take:\n" + "\n".join(found)
 
 

@@ -17,17 +17,22 @@ class Item:
 
     ``why`` is the commit message's body: what the change does for the flavour and what a user of today's flavour
     notices. ``apply_edits`` is None for an item whose change is not in Lightning's code; ``why`` then says so.
-    ``part`` names what the patch makes when it makes only part of the item (the RFC's list says so beside it)."""
+    ``part`` names what the patch makes when it makes only part of the item (the RFC's list says so beside it).
+    ``changelog``: the item's entries in Lightning's ``CHANGELOG.md``, each ``(section, entry)`` (``"Added"``,
+    ``"Changed"``, ``"Fixed"``), what a user reads in the release notes."""
 
     number: int
     title: str
     why: str
     apply_edits: Callable[[LightningSource], None] | None = None
     part: str = ""
+    changelog: tuple[tuple[str, str], ...] = ()
 
     def apply(self, source: LightningSource) -> None:
         if self.apply_edits is not None:
             self.apply_edits(source)
+        for section, entry in self.changelog:
+            source.add_changelog_entry(section, entry)
 
     def commit_message(self) -> str:
         return f"[RFC {self.number}] {self.title}\n\n{self.why.strip()}\n"

@@ -82,4 +82,12 @@ the data closes unforeseen has its gradients averaged once before the optimizer 
 unchanged.
 """,
     _step_after_the_call,
+    changelog=(
+        ("Changed", (
+            "With `training_step(self, dataloader_iter)`, `accumulate_grad_batches` counts step calls and the"
+            " optimizer steps after the step returns; a call cut short by the end of the data steps no "
+            "optimizer for its batches, and under DDP an accumulation window still all-reduces its gradients "
+            "once"
+        )),
+    ),
 )

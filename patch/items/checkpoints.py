@@ -52,4 +52,10 @@ the batches the step consumed. Resuming from a checkpoint saved in `on_train_bat
 several batches is recognised as such.
 """,
     _consumed_state,
+    changelog=(
+        ("Fixed", (
+            "A checkpoint of a run whose `training_step` takes `dataloader_iter` records the loaders' state "
+            'as of the batches the step consumed, and resuming from it restores `batch_idx`'
+        )),
+    ),
 )

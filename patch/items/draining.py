@@ -68,4 +68,11 @@ its own). Under DDP the ranks vote after every drain call, so all make the same 
 travels in the vote between the calls (no collective of its own).
 """,
     _drain,
+    changelog=(
+        ("Added", (
+            "A `training_step(dataloader_iter)` that pulled batches ahead of its calls is called again after "
+            "the epoch's last batch, with the exhausted iterator, until a call raises `StopIteration` or does"
+            ' no work, so that a pipelining step trains the batches it holds'
+        )),
+    ),
 )

@@ -127,4 +127,11 @@ the loop makes drain calls at that dataloader's end, before it moves on: a valid
 joins the run's logged aggregates, a prediction drain call's prediction joins the results in order.
 """,
     _one_iterator_per_dataloader,
+    changelog=(
+        ("Changed", (
+            "A `validation_step`, `test_step` or `predict_step` taking `dataloader_iter` gets one iterator "
+            "per dataloader, its batch-start hooks the call's first batch, and, where it pulled batches "
+            "ahead, calls after the dataloader's last batch until it holds none"
+        )),
+    ),
 )

@@ -36,4 +36,10 @@ consumed (before its first `next()`, those of the batch it will get; 1 in a drai
 asked for when a batch's size cannot be inferred.
 """,
     _batch_size_from_the_loop,
+    changelog=(
+        ("Fixed", (
+            "`self.log` in a step taking `dataloader_iter` infers the batch size from the batches the step "
+            "consumed, without `batch_size=`"
+        )),
+    ),
 )

@@ -195,4 +195,19 @@ the data warns with `CutShortCallWarning`, public in `pytorch_lightning.utilitie
 filter it or make it an error by its category.
 """,
     _look_ahead,
+    changelog=(
+        ("Changed", (
+            "A step taking `dataloader_iter` gets one iterator for every call over a dataloader, looking one "
+            "batch ahead: `dataloader_iter.done` is exact, and `on_train_batch_start` receives the batch the "
+            "step gets first"
+        )),
+        ("Added", (
+            "Added `dataloader_iter.has_batches(k)`, whether at least `k` more batches remain for the step, "
+            "without taking any"
+        )),
+        ("Added", (
+            "Added `pytorch_lightning.utilities.warnings.CutShortCallWarning`, the category of the warning a "
+            "`training_step(dataloader_iter)` call cut short by the end of the data gives"
+        )),
+    ),
 )

@@ -25,4 +25,10 @@ another rate. It now asks the loop (`fit_loop._should_accumulate()`), which is t
 flavour, and also closes the window at the epoch's last batch as the optimisation loop does.
 """,
     _ask_the_loop,
+    changelog=(
+        ("Fixed", (
+            "The learning-rate finder records one learning rate per optimizer step when a "
+            "`training_step(dataloader_iter)` takes several batches per call"
+        )),
+    ),
 )

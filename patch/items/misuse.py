@@ -59,4 +59,11 @@ still has batches (not the iterator's own end) was taken for the end of the data
 now a RuntimeError that says so.
 """,
     _refuse_misuse,
+    changelog=(
+        ("Changed", (
+            "A step taking both a batch and `dataloader_iter` is refused with a `TypeError` naming both ways "
+            "to write it, and a `StopIteration` a step raises while its `dataloader_iter` still has batches "
+            "is a `RuntimeError` instead of the silent end of the epoch"
+        )),
+    ),
 )

@@ -7,11 +7,18 @@ TRANSFER = Item(
     "Every batch passes the precision conversion and the three transfer hooks when, or before, it is handed out",
     part="item 2's fetcher makes it",
     why="""
-No edit of its own: the fetcher of item 2 builds each batch with `BatchTransfer` (`loops/_dataloader_iter/common.py`),
-which converts its precision and runs `on_before_batch_transfer`, `transfer_batch_to_device` and
-`on_after_batch_transfer` before the step's `next()` returns it. Lightning skipped all four for a step taking
-`dataloader_iter`, which had to move its batches itself.
+No code of its own (its CHANGELOG entry only): the fetcher of item 2 builds each batch with `BatchTransfer`
+(`loops/_dataloader_iter/common.py`), which converts its precision and runs `on_before_batch_transfer`,
+`transfer_batch_to_device` and `on_after_batch_transfer` before the step's `next()` returns it. Lightning skipped
+all four for a step taking `dataloader_iter`, which had to move its batches itself.
 """,
+    changelog=(
+        ("Fixed", (
+            "Batches handed to a step taking `dataloader_iter` pass the precision conversion and the "
+            "`on_before_batch_transfer`, `transfer_batch_to_device` and `on_after_batch_transfer` hooks, as a"
+            " regular step's batch does"
+        )),
+    ),
 )
 
 LIMITS = Item(
@@ -19,10 +26,17 @@ LIMITS = Item(
     "A limit bounds what is read, not only what is trained; the profiler keeps its action names",
     part="item 2's producer makes it",
     why="""
-No edit of its own: the producer of item 2 (`loops/_dataloader_iter/producer.py`) stops reading at the loader's
-length and the `limit_*_batches` limit, so a look-ahead or a prefetch thread never reads past them, and the loops keep
-their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next` names do not change.
+No code of its own (its CHANGELOG entry only): the producer of item 2 (`loops/_dataloader_iter/producer.py`) stops
+reading at the loader's length and the `limit_*_batches` limit, so a look-ahead or a prefetch thread never reads
+past them, and the loops keep their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next`
+names do not change.
 """,
+    changelog=(
+        ('Fixed', (
+            '`limit_train_batches`, `limit_val_batches`, `limit_test_batches` and `limit_predict_batches` '
+            'bound the batches read for a step taking `dataloader_iter`, not only those it trains'
+        )),
+    ),
 )
 
 TRAINER_OBJECT = Item(
@@ -30,9 +44,16 @@ TRAINER_OBJECT = Item(
     "Every loop change leaves the Trainer an object Lightning and its users can copy",
     part="item 2's run resources make it",
     why="""
-No edit of its own: the run's resources of item 2 (`loops/_dataloader_iter/options.py`, a copy stream and the profiler
-guard) are rebuilt, not pickled, when the Trainer is (`strategy="ddp_spawn"`, `copy.deepcopy`), the prefetch thread is
-made and joined per loop over the data, and the progress objects keep exactly Lightning's fields, so a regular
-module's checkpoint is stock Lightning's.
+No code of its own (its CHANGELOG entry only): the run's resources of item 2 (`loops/_dataloader_iter/options.py`, a
+copy stream and the profiler guard) are rebuilt, not pickled, when the Trainer is (`strategy="ddp_spawn"`,
+`copy.deepcopy`), the prefetch thread is made and joined per loop over the data, and the progress objects keep
+exactly Lightning's fields, so a regular module's checkpoint is stock Lightning's.
 """,
+    changelog=(
+        ('Changed', (
+            'A Trainer whose step takes `dataloader_iter` still pickles (`strategy="ddp_spawn"`), deep-copies'
+            " and checkpoints as any Trainer: the fetcher's run resources are rebuilt rather than pickled, "
+            "and a regular module's checkpoint is unchanged"
+        )),
+    ),
 )

@@ -30,4 +30,10 @@ of every batch the call consumed (item 7), so the guard goes. `write_on_batch_en
 gets for the flavour, a drain call's `batch=None` and `batch_idx=None` included.
 """,
     _accept_the_flavour,
+    changelog=(
+        ("Fixed", (
+            "`BasePredictionWriter` accepts a `predict_step` taking `dataloader_iter` and gets the sample "
+            "indices of every batch each call consumed"
+        )),
+    ),
 )

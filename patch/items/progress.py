@@ -84,4 +84,11 @@ processed and completed catch up with that count. `val_check_interval` validates
 each multiple of the interval; the flavour no longer validates at every epoch end regardless.
 """,
     _count_batches,
+    changelog=(
+        ("Changed", (
+            "With `training_step(self, dataloader_iter)`, batch progress counts the batches the step consumed"
+            " rather than its calls: `limit_train_batches`, `val_check_interval`, `log_every_n_steps`, the "
+            "progress bar, checkpoints and resuming count batches"
+        )),
+    ),
 )

@@ -25,4 +25,10 @@ fewer times: a schedule sized with it (such as `OneCycleLR`) would never reach i
 the value is for the flavour.
 """,
     _document,
+    changelog=(
+        ("Changed", (
+            "Documented what `Trainer.estimated_stepping_batches` is for a step taking `dataloader_iter`: "
+            "exact when each call takes one batch, an upper bound otherwise"
+        )),
+    ),
 )

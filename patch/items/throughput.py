@@ -29,4 +29,10 @@ batches and samples of a step taking two. It now adds each batch the running cal
 `self.log`'s batch size, item 9), and none for a drain call. A regular `training_step` is counted as before.
 """,
     _every_batch_of_the_call,
+    changelog=(
+        ("Fixed", (
+            "`ThroughputMonitor` counts every batch and sample a `training_step(dataloader_iter)` call "
+            "consumed"
+        )),
+    ),
 )

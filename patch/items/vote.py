@@ -59,4 +59,11 @@ vote after its last call, where each rank of the regular flavour knows its loade
 fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
 """,
     _vote,
+    changelog=(
+        ("Fixed", (
+            "Under DDP, ranks whose `training_step(dataloader_iter)` runs out of data at different step calls"
+            " stop at the same call instead of hanging in the gradient all-reduce: the ranks agree on the end"
+            " of data in the collective Lightning already makes before each call"
+        )),
+    ),
 )

@@ -183,6 +183,11 @@ def check(inputs: Inputs, pages: dict[Path, str]) -> list[str]:
     return problems
 
 
+def no_code_of_its_own(item: dict) -> str:
+    """What the patch of an item made elsewhere holds: its CHANGELOG entry, or nothing."""
+    return "no code of its own (its CHANGELOG entry)" if item["files"] else "no edits of its own"
+
+
 def block_code_item(number: int):
     """The block ``code-item-<n>``: the definitions tagged ``[RFC n]``, the shared modules' first (a design's modules
     sit in its package), each module's in source order."""
@@ -211,7 +216,7 @@ def _in_the_patch(inputs: Inputs, number: int) -> str:
     if item is None:
         return f"the patch to Lightning {summary['release']}: not in the series yet"
     if item["code"] is None:
-        return f"the patch to Lightning {summary['release']}: no edits of its own, {item['part']}"
+        return f"the patch to Lightning {summary['release']}: {no_code_of_its_own(item)}, {item['part']}"
     files = (
         ", ".join(f"{code(f['path'])} +{f['added']} \u2212{f['removed']}" for f in item["files"])
         if len(item["files"]) <= 3

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rendering.code_pointers import PATCH_SUMMARY
+from rendering.code_pointers import PATCH_SUMMARY, no_code_of_its_own
 from rendering.markdown import cell, code, no_results
 from rendering.results import Inputs, load_json
 
 COMMAND = "python -m patch.series --out patches --summary rfc/results/patch-series.json"
+
 
 
 def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
@@ -30,7 +31,7 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
         "| --- | --- | --- |",
     ]
     for item in items:
-        where = code(item["code"]) if item["code"] else f"no edits of its own: {item['part']}"
+        where = code(item["code"]) if item["code"] else f"{no_code_of_its_own(item)}: {item['part']}"
         lines.append(f"| {item['number']} | {where} | +{item['added']} −{item['removed']} |")
     lines += ["", "What a user of today's flavour notices, patch by patch (each patch's message):", ""]
     for item in items:
