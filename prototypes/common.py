@@ -110,6 +110,13 @@ class RanksVote:
     every_rank_pulled_ahead: bool = False
     every_rank_continues_the_dataloader: bool = False
 
+    def drains(self, rule: str) -> bool:
+        """Whether the ranks make drain calls after the call that ended a dataloader's data, by what they agreed: no
+        rank's call was cut short, and every rank continues the dataloader or, by ``rule``, every rank pulled ahead."""
+        return not self.a_call_was_cut_short and (
+            self.every_rank_continues_the_dataloader or makes_drain_calls(rule, self.every_rank_pulled_ahead)
+        )
+
 
 def vote(
     trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False,

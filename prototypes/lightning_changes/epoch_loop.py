@@ -96,9 +96,7 @@ class DrainsHeldBatches:
                 self.trainer, data_ended and not last_call_stopped and makes_drain_calls(rule, pulled_ahead)
             )
         else:  # the end of data is agreed; what the ranks' calls were like travelled with it
-            drains = data_ended and not vote.a_call_was_cut_short and (
-                vote.every_rank_continues_the_dataloader or makes_drain_calls(rule, vote.every_rank_pulled_ahead)
-            )
+            drains = data_ended and vote.drains(rule)
         if drains:
             self._drain_held_batches()
         elif pulled_ahead and not last_call_stopped and makes_drain_calls(rule, True) and self._ranks_vote_every_step():

@@ -145,15 +145,12 @@ class RanksVoteBetweenCalls:
 
     def drains_here(self) -> bool:
         """Whether the loop makes drain calls after the call that ended the current dataloader's data on this rank:
-        as the ranks agreed after that call (every rank continues the dataloader, or every rank pulled ahead), or by
-        this rank's own rule where they did not vote."""
+        as the ranks agreed after that call (``RanksVote.drains``), or by this rank's own rule where they did not
+        vote."""
         if self.call.cut_short:
             return False
         if self.last_vote is not None and self.voted_before_call == self.call.index:
-            vote = self.last_vote
-            return vote.every_rank_continues_the_dataloader or makes_drain_calls(
-                self.drain_rule, vote.every_rank_pulled_ahead
-            )
+            return self.last_vote.drains(self.drain_rule)
         return makes_drain_calls(self.drain_rule, self.pulled_ahead())
 
     def vote_due(self) -> bool:
