@@ -122,16 +122,30 @@ def vote(
     trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False,
     pulled_ahead: bool = False, continues_the_dataloader: bool = False,
 ) -> RanksVote:
-    """The ranks' vote on the end of data: one all-reduce(MAX) of six flags and one host read of its result.
+    """The ranks' vote on the end of data (``start_vote``), read at once."""
+    return start_vote(
+        trainer, has_batch, cut_short=cut_short, ends_within_the_next_call=ends_within_the_next_call,
+        pulled_ahead=pulled_ahead, continues_the_dataloader=continues_the_dataloader,
+    )()
+
+
+def start_vote(
+    trainer: pl.Trainer, has_batch: bool, *, cut_short: bool = False, ends_within_the_next_call: bool = False,
+    pulled_ahead: bool = False, continues_the_dataloader: bool = False,
+) -> Callable[[], RanksVote]:
+    """The ranks' vote on the end of data: one all-reduce(MAX) of six flags, started here; the function it returns
+    waits for it and reads its result (one host read).
 
     Why: under DDP each step call ends in a gradient all-reduce. A rank whose data ends early and stops would leave
     its peers blocked in that collective until the process-group timeout (the hang of HF Accelerate #2258), so all
     ranks must stop at the same step call. Why the flags in one collective: stock Lightning already broadcasts rank
     0's SIGTERM flag before every step call (``_TrainingEpochLoop._broadcast_sigterm_tensor``, a collective and a
     host sync); carried here (only rank 0 sets it, so MAX is that broadcast), it makes the vote cost no collective
-    and no host sync that stock does not pay. Why "every rank pulled ahead" rather than "any": a drain call in which
-    one rank trains a held batch and a peer, holding none, ends the draining would pair that batch's gradient
-    all-reduce with nothing; the ranks drain only where all hold batches.
+    and no host sync that stock does not pay. Why started apart from its reading: unlike a broadcast, whose root
+    need not wait for its peers, an all-reduce waits for the slowest rank; started as a step call's backward ends and
+    read after its optimizer step, that wait overlaps the optimizer step. Why "every rank pulled ahead" rather than
+    "any": a drain call in which one rank trains a held batch and a peer, holding none, ends the draining would pair
+    that batch's gradient all-reduce with nothing; the ranks drain only where all hold batches.
 
     Why a rank that holds batches counts as having one (``has_batch``, ``continues_the_dataloader``): a pipeline's
     own loading thread (TorchRec's ``EvalPipelineSparseDist``) takes a dataloader's last batch inside a call on one
@@ -144,21 +158,35 @@ def vote(
 
     received_sigterm = bool(getattr(trainer, "received_sigterm", False))
     if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-        return RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm, pulled_ahead,
-                         continues_the_dataloader)
+        alone = RanksVote(has_batch, cut_short, ends_within_the_next_call, received_sigterm, pulled_ahead,
+                          continues_the_dataloader)
+        return lambda: alone
     sigterm = received_sigterm and trainer.global_rank == 0
     flags = [int(sigterm), int(not has_batch), int(cut_short), int(ends_within_the_next_call), int(not pulled_ahead),
              int(not continues_the_dataloader)]
     agreed = torch.tensor(flags, device=trainer.strategy.root_device)
-    try:
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    except RuntimeError as error:  # torch.distributed's DistError and the backends' timeouts
+
+    def explain(error: RuntimeError) -> None:
         if cut_short:
             raise RuntimeError(VOTE_FAILED_AFTER_A_CALL_CUT_SHORT.format(rank=trainer.global_rank)) from error
+
+    try:
+        work = dist.all_reduce(agreed, op=dist.ReduceOp.MAX, async_op=True)
+    except RuntimeError as error:  # torch.distributed's DistError and the backends' timeouts
+        explain(error)
         raise
-    sigterm_flag, a_rank_has_none, cut, ends, a_rank_did_not_pull_ahead, a_rank_ends_the_dataloader = agreed.tolist()
-    return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag), not a_rank_did_not_pull_ahead,
-                     not a_rank_ends_the_dataloader)
+
+    def read() -> RanksVote:
+        try:
+            work.wait()
+        except RuntimeError as error:
+            explain(error)
+            raise
+        sigterm_flag, a_rank_has_none, cut, ends, a_rank_did_not_pull_ahead, a_rank_ends_it = agreed.tolist()
+        return RanksVote(not a_rank_has_none, bool(cut), bool(ends), bool(sigterm_flag), not a_rank_did_not_pull_ahead,
+                         not a_rank_ends_it)
+
+    return read
 
 
 VOTE_FAILED_AFTER_A_CALL_CUT_SHORT = (

@@ -55,8 +55,10 @@ data end within the next call (the accumulation window's gradient sync), and whe
 dataloader: a rank whose step holds batches while a peer still has some drains them beside the peer's regular calls,
 one call each (a pipeline's loading thread may take the last batch a call earlier on one rank than on another). A
 step call costs one collective and one host read, as a batch of the regular flavour does; each epoch adds one, the
-vote after its last call, where each rank of the regular flavour knows its loader's end alone. The vote lives in the
-fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
+vote after its last call, where each rank of the regular flavour knows its loader's end alone. Unlike a broadcast,
+whose root need not wait, an all-reduce waits for the slowest rank: the vote starts without waiting as the call's
+backward ends and is read after the optimizer step, so its latency overlaps the step. The vote lives in
+the fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
 """,
     _vote,
     changelog=(

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.loops.optimization.automatic import _AutomaticOptimization
+from pytorch_lightning.loops.optimization.automatic import Closure, _AutomaticOptimization
 from pytorch_lightning.loops.optimization.manual import _ManualOptimization
 from pytorch_lightning.loops.utilities import _block_parallel_sync_behavior
 from torch.nn.parallel import DistributedDataParallel
@@ -46,43 +46,51 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
 
     def run_step_call(
         self, kwargs: Any, optimizer: torch.optim.Optimizer, call: StepCall, data_ended: Callable[[], bool],
+        backward_ended: Callable[[], None] = lambda: None,
     ) -> dict:
         """One step call, ``call`` its record; ``data_ended()``, asked once the step returned, says whether it took the
-        epoch's last batch. A drain call, or a call that declined the batches left (``StepCall.declined``), that
-        computed no loss reaches no optimizer hook: no batch was trained.
+        epoch's last batch; ``backward_ended()``, called as its backward ends, starts what ``data_ended`` reads (the
+        ranks' vote), so that where no accumulation window waits for the answer it travels while the optimizer steps.
+        Why not earlier, as the step returns: a drain call on one rank may pair with a regular call on another, and
+        its vote, which needs the call's end, follows its backward; the collectives must come in the same order on
+        every rank. A drain call, or a call that declined the batches left (``StepCall.declined``), that computed no
+        loss reaches no optimizer hook: no batch was trained.
 
         A StopIteration from the step propagates (no backward ran): the loop tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
         """
         trainer, step_call_idx = self.trainer, call.index - 1
-        if call.drain and not self._skip_backward:
-            # Why on the instance, for this call only: a drain call is a window of its own (the epoch's last batch
-            # closed the previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches; an
-            # override would be a call more on every batch
-            self._make_zero_grad_fn = self._zero_grad_fn_of_a_drain_call
-            try:
-                closure = self._make_closure(kwargs, optimizer, step_call_idx)
-            finally:
-                del self._make_zero_grad_fn
-        else:
-            closure = self._make_closure(kwargs, optimizer, step_call_idx)
+        # Why a drain call zeroes the gradients itself: it is a window of its own (the epoch's last batch closed the
+        # previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches
+        zero_grad = self._zero_grad_fn_of_a_drain_call if call.drain and not self._skip_backward else None
+        closure = Closure(
+            step_fn=self._make_step_fn(kwargs), backward_fn=self._make_backward_fn(optimizer),
+            zero_grad_fn=(zero_grad or self._make_zero_grad_fn)(step_call_idx, optimizer),
+        )
         blocked = blocks_gradient_sync(trainer, call)
         with _block_parallel_sync_behavior(trainer.strategy, block=blocked):
             closure()
         result = closure.consume_result()
+        backward_ended()
         if result.loss is None and (call.drain or call.declined):
             return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
         if result.loss is not None:  # a backward ran: DDP synchronised what the window holds, or it did not
             self._window_unsynced = blocked
         self._window_open, self._window_loss = True, result.loss
-        if data_ended():
-            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
         # Why accumulate_grad_batches first: without accumulation every call closes its window, and asking the
         # strategy and the loop is a chain of calls on every batch
-        closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
-        if closes or not trainer.fit_loop._should_accumulate():
+        if trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation:
             self.close_window(step_call_idx)
+            self._note_data_ended(data_ended)
+        else:
+            self._note_data_ended(data_ended)  # the window closes at the data's end
+            if not trainer.fit_loop._should_accumulate():
+                self.close_window(step_call_idx)
         return {} if result.loss is None else result.asdict()
+
+    def _note_data_ended(self, data_ended: Callable[[], bool]) -> None:
+        if data_ended():
+            self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
 
     def close_window(self, step_call_idx: int) -> None:
         """Step the optimizer for the open window with the loss its last call computed; nothing if none is open. A

@@ -11,7 +11,8 @@ The prefetcher's pieces and the thread each runs on:
 - This module (the loop's thread), one fetcher in three parts: ``_PrefetchingIterFetcher``, Lightning's fetcher
   protocol (``iter``/``next``/``done``, ``setup``, ``reset``, ``teardown``) and ``consumed_loader_states`` for
   checkpoints; ``_StepCallHandOut``, the step's iterator and the step calls: ``consume()`` (a batch handed out),
-  ``step_stopped()``, ``end_step_call()``, ``data_ended_after_call()``, ``step_batches()`` for ``self.log``;
+  ``step_stopped()``, ``end_step_call()``, ``backward_ended()``, ``data_ended_after_call()``,
+  ``step_batches()`` for ``self.log``;
   ``_LoaderIteratorLifecycle``, the loader iterator under a loop over the data: ``adopt()`` for an evaluation loop's
   started fetcher, the producer's thread, ``stop()``. The loops read and drive the running call through ``calls``.
   It is built from what it needs: the trainer, the run resources (with the design's options), the step's name, the
@@ -93,9 +94,16 @@ class _StepCallHandOut:
             warn_declined(self.hook_name, self.calls.drop_rest())
         call.open = False
 
+    def backward_ended(self) -> None:
+        """The step call returned and its backward ended (a ``next()`` until the next call counts toward that one):
+        the ranks' vote between the calls starts here, so that it travels while the optimizer steps
+        (``data_ended_after_call`` reads it)."""
+        self.end_step_call()
+        self.calls.start_vote()
+
     def data_ended_after_call(self) -> bool:
-        """The step call returned (a ``next()`` until the next call counts toward that one): whether the data ended.
-        Why after closing the call: between two calls ``done`` is the ranks' vote (C16)."""
+        """Whether the returned step call took the data's last batch. Why after closing the call: between two calls
+        ``done`` is the ranks' vote (C16)."""
         self.end_step_call()
         return self.done
 
@@ -277,7 +285,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
         # answer is then "not done" without the lock
         calls = self.calls
-        if calls.head is not None and not (calls.ranks_vote and calls.vote_due()):
+        if calls.head is not None and not calls.vote_unread():
             return False
         return calls.peek_on_every_rank() is None
 

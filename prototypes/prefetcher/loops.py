@@ -54,7 +54,9 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
         """A step call fed by the prefetching fetcher: the step-first optimisation, with the call's end of data."""
         step_call_idx = fetcher.calls.call.index - 1
         try:
-            return self.run_step_call(kwargs, optimizer, fetcher.calls.call, fetcher.data_ended_after_call)
+            return self.run_step_call(
+                kwargs, optimizer, fetcher.calls.call, fetcher.data_ended_after_call, fetcher.backward_ended
+            )
         except StopIteration:
             fetcher.step_stopped()
             # Why: the step's next() found the end of the data: no backward ran, earlier calls' gradients are still

@@ -19,6 +19,7 @@ from prototypes.common import (
     StepCall,
     StepCalls,
     makes_drain_calls,
+    start_vote,
     vote,
 )
 from prototypes.prefetcher.producer import Produced
@@ -71,6 +72,7 @@ class RanksVoteBetweenCalls:
     ranks_vote: bool  # whether the ranks vote on the end of data: off for one rank, and once they agreed it ended
     voted_before_call: int | None  # the step call the ranks last agreed to start
     last_vote: RanksVote | None  # what they agreed then
+    unread_vote: Callable[[], RanksVote] | None  # the vote before the next call, started and not yet read
     take_ahead: Callable[[], Produced | None] | None  # for ``ends_within_the_next_call``; None: no window to close
     drain_rule: str  # when the loop makes drain calls (``common.DRAIN_RULES``)
     dataloader_idx: int | None  # the dataloader of the last batch handed out (None before the first)
@@ -85,25 +87,35 @@ class RanksVoteBetweenCalls:
         """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
 
         Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
-        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call), so all
-        end the epoch at the same call, dropping what longer shards still hold. Why not inside a call: a step need
-        not pull on every rank (a Megatron-style pipeline stage after the first only receives activations), and a
-        vote it does not join would block the ranks that pull. The vote also carries what the loop needs to agree
-        on before the next call (``RanksVote``): it stands in for stock Lightning's broadcast before each call.
+        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call; started
+        earlier by ``start_vote``), so all end the epoch at the same call, dropping what longer shards still hold. Why
+        not inside a call: a step need not pull on every rank (a Megatron-style pipeline stage after the first only
+        receives activations), and a vote it does not join would block the ranks that pull. The vote also carries
+        what the loop needs to agree on before the next call (``RanksVote``): it stands in for stock Lightning's
+        broadcast before each call.
         """
         with self.lock:
+            self.start_vote()
+            if self.unread_vote is None:
+                return self.peek()
+            self.last_vote, self.unread_vote = self.unread_vote(), None
             head = self.peek()
+            return head if self.last_vote.every_rank_has_a_batch else self.every_rank_ended()
+
+    def start_vote(self) -> None:
+        """Start the ranks' vote between two calls where it is due (``peek_on_every_rank`` reads it)."""
+        with self.lock:
             if not (self.ranks_vote and self.vote_due()):
-                return head
+                return
             self.voted_before_call = self.call.index
+            head = self.peek()
             in_this_dataloader = head is not None and head.dataloader_idx in (self.dataloader_idx, None)
             holds = not in_this_dataloader and self.holds_batches()
-            self.last_vote = vote(
+            self.unread_vote = start_vote(
                 self.trainer, head is not None or holds, cut_short=self.call.cut_short,
                 ends_within_the_next_call=in_this_dataloader and self.ends_within_the_next_call(head),
                 pulled_ahead=self.pulled_ahead(), continues_the_dataloader=in_this_dataloader or holds,
             )
-            return head if self.last_vote.every_rank_has_a_batch else self.every_rank_ended()
 
     def every_rank_ended(self) -> None:
         """The ranks agreed that one makes no further call: this rank drops what it holds and votes no more."""
@@ -158,6 +170,10 @@ class RanksVoteBetweenCalls:
         they vote now: between two calls, once per call, not after a drain call (``vote_after_drain_call`` is)."""
         return not (self.call.open or self.call.drain) and self.voted_before_call != self.call.index
 
+    def vote_unread(self) -> bool:
+        """Whether ``peek_on_every_rank`` would wait for the ranks' vote: it is due, or started and not yet read."""
+        return self.ranks_vote and (self.unread_vote is not None or self.vote_due())
+
 
 class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
@@ -185,6 +201,7 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
         self.dataloader_idx: int | None = None
         self.voted_before_call: int | None = None
         self.last_vote: RanksVote | None = None
+        self.unread_vote: Callable[[], RanksVote] | None = None
         # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
         self.taken_between_calls: list[tuple[Any, int]] = []
         self.consumed_loader_states = consumed_loader_states

@@ -355,9 +355,11 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
         " small with a tree, so a collective costs the per-hop latency times its passes over the tree's depth"
         " (log2 of the ranks; one pass for a broadcast, two for an all-reduce); the payload (a few flags against one)"
         f" adds nothing measurable; a small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
-        " NVLink, or per switch hop over InfiniBand). So a step call pays one extra pass, log2(ranks) hops, over"
-        " stock's regular flavour, and each epoch one more vote, two passes. The gloo points above, with more"
-        " processes than cores beyond 2 ranks, show the form, not NCCL's magnitude.\n\n"
-        + table(["ranks", "tree depth", "extra µs per step call", "µs per epoch (the last vote)"], model,
+        " NVLink, or per switch hop over InfiniBand). So a step call puts one extra pass, log2(ranks) hops, on the"
+        " wire beside stock's regular flavour, while its optimizer step runs (the vote starts as the backward's"
+        " gradient all-reduce ends and is read after the optimizer step): it shows in the call's time only where"
+        " that step takes less. Each epoch adds one more vote, two passes, read at once. The gloo points above,"
+        " with more processes than cores beyond 2 ranks, show the form, not NCCL's magnitude.\n\n"
+        + table(["ranks", "tree depth", "extra µs on the wire per step call", "µs per epoch (the last vote)"], model,
                 ["--:", "--:", "--:", "--:"]))
     return "\n\n".join(parts)
