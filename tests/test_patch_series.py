@@ -15,6 +15,7 @@ import re
 import runpy
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -121,6 +122,27 @@ def test_the_added_lines_speak_lightnings_language_in_its_line_length(generated)
             elif line.startswith("+") and ((source_file and len(line) - 1 > LINE_LENGTH) or OUR_WORDS_RE.search(line)):
                 found.append(f"{path.name}: {line[1:][:140]}")
     assert not found, "added lines Lightning would not take:\n" + "\n".join(found)
+
+
+def test_every_commit_passes_lightnings_ruff_on_the_files_it_touches(generated, tmp_path):
+    """What Lightning's pre-commit hooks check on a pull request (``ruff check``, ``ruff format --check``, with the
+    configuration of the release's ``pyproject.toml`` and the ruff this project pins), on each commit of the series:
+    every prefix of the stack is a state a maintainer could merge."""
+    tree, items = generated["tree"], generated["items"]
+    found = []
+    for commit in series._git(tree, "rev-list", "--reverse", f"HEAD~{len(items)}..HEAD").split():
+        touched = [f for f in series._git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
+                   if f.endswith(".py")]
+        if not touched:
+            continue
+        checkout = tmp_path / commit[:12]
+        series._git(tree, "worktree", "add", "--quiet", "--detach", str(checkout), commit)
+        for check in (["check", "--output-format", "concise"], ["format", "--check"]):
+            result = subprocess.run([sys.executable, "-m", "ruff", *check, "--no-cache", *touched], cwd=checkout,
+                                    capture_output=True, text=True)
+            if result.returncode:
+                found.append(f"{commit[:12]} ruff {check[0]}:\n{result.stdout}{result.stderr}")
+    assert not found, "\n".join(found)
 
 
 def test_each_patch_applies_in_order_to_a_fresh_unpack_and_the_last_leaves_the_patched_tree(generated):

@@ -4,7 +4,8 @@ import ast
 
 from patch.edits import LightningSource
 from patch.items import Item
-from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.transplant import definition_source
+from prototypes.lightning_changes.log_batch_size import samples_in
 
 
 def _mentions_dataloader_iter(node: ast.stmt) -> bool:
@@ -12,8 +13,12 @@ def _mentions_dataloader_iter(node: ast.stmt) -> bool:
 
 
 def _batch_size_from_the_loop(source: LightningSource) -> None:
+    # Why beside `extract_batch_size`: it is its sum over a step call's batches, and `core/module.py` imports
+    # utilities, never the loops (which import it)
+    source.module("utilities.data").insert(definition_source(samples_in, name="samples_in"),
+                                           after="extract_batch_size")
     module = source.module("core.module")
-    module.add_import(f"from {LIGHTNING_PACKAGE}.log_batch_size import samples_in")
+    module.add_import("from pytorch_lightning.utilities.data import samples_in")
     module.insert_in_body(
         "LightningModule.log",
         """

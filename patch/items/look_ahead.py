@@ -10,7 +10,6 @@ import prototypes.batches_per_call
 import prototypes.common
 import prototypes.lightning_changes.draining
 import prototypes.lightning_changes.fit_loop
-import prototypes.lightning_changes.log_batch_size
 import prototypes.lightning_changes.optimization
 import prototypes.prefetcher.fetcher
 import prototypes.prefetcher.options
@@ -29,7 +28,6 @@ IMPORTS = {
     "prototypes.prefetcher": LIGHTNING_PACKAGE,
     "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.loader_state",
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
-    "prototypes.lightning_changes:samples_in": f"{LIGHTNING_PACKAGE}.log_batch_size",
     "prototypes.batches_per_call": f"{LIGHTNING_PACKAGE}.batches_per_call",
     # public: a user filters it (or makes it an error) by its category
     "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
@@ -71,9 +69,9 @@ through one iterator per loop over a dataloader, and counts them.
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
 """),
-    "batches_per_call": (prototypes.batches_per_call, None, {"CutShortCallWarning"}, """
-A step taking several batches per call: the warning for a call the data cut short, and the number of optimizer steps
-a schedule should be sized for.
+    # the schedule-sizing helper stays the harness's: item 13's docstring gives its count, which needs no API
+    "batches_per_call": (prototypes.batches_per_call, None, {"CutShortCallWarning", "estimated_optimizer_steps"}, """
+A step taking several batches per call: the message of the warning for a call the data cut short.
 """),
     "optimization": (prototypes.lightning_changes.optimization,
                      {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, (), """
@@ -81,9 +79,6 @@ What the optimisation loops do for a step taking ``dataloader_iter``: a training
 the data (no optimizer step for its batches, its gradients discarded under manual optimisation, the user told once
 per fit), and under DDP which calls skip the gradient all-reduce and how a window the data closed unforeseen is
 synchronised once.
-"""),
-    "log_batch_size": (prototypes.lightning_changes.log_batch_size, {"samples_in"}, (), """
-``self.log``'s batch size for a step taking ``dataloader_iter``: the samples in the batches it consumed.
 """),
 }
 PACKAGE_DOCSTRING = (

@@ -3,6 +3,7 @@ torchdata.nodes' ``Prefetcher``); no Lightning in here."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import statistics
 import threading
@@ -63,10 +64,9 @@ class _ThreadLifecycle:
         """Stop the thread; what it produced stays in the queue and is handed out first, so results keep their order."""
         self._stop.set()
         if self._thread.is_alive():
-            try:
+            # every slot free (ValueError): the thread is not waiting for one
+            with contextlib.suppress(ValueError):
                 self._slots.release()  # wake a thread waiting for a slot, so it sees the stop at once
-            except ValueError:  # every slot is free: the thread is not waiting for one
-                pass
             self._thread.join()
         self._thread = None
 
