@@ -86,3 +86,21 @@ def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
 def test_the_cost_block_names_the_command_without_results(tmp_path):
     inputs = Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render")
     assert patch_series.COST_COMMAND in patch_series.block_patch_cost(inputs, tmp_path)
+
+
+def test_the_block_says_how_many_commits_work_on_their_own_and_why_the_others_fail(tmp_path):
+    inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)]))
+    rows = [dict(item=1, title="one", passed=False, last_line="AttributeError: no | attribute",
+                 known_failure="reads what item 2 adds"),
+            dict(item=2, title="two", passed=True, last_line="", known_failure="")]
+    prefixes = dict(schema=1, release="9.9.9", setup=dict(git_commit="feedface" * 5, git_dirty=False), commits=rows)
+    (inputs.results_dir / patch_series.PREFIXES_FILE).write_text(json.dumps(prefixes))
+    block = patch_series.block_patch_series(inputs, tmp_path)
+    assert "at commit `feedfacefeed`" in block
+    assert "passes after 1 of the 2 commits, so the series is not yet bisectable" in block
+    assert "| 1 | AttributeError: no \\| attribute | reads what item 2 adds |" in block
+
+
+def test_the_block_names_the_prefix_command_without_its_results(tmp_path):
+    block = patch_series.block_patch_series(inputs_with(tmp_path, item(1, None, [])), tmp_path)
+    assert patch_series.PREFIXES_COMMAND in block

@@ -5,7 +5,7 @@ from patch.items import Item
 from patch.items.look_ahead import LIGHTNING_PACKAGE
 from patch.transplant import methods_source
 from prototypes.common import NoProgressGuard
-from prototypes.lightning_changes.epoch_loop import DrainsHeldBatches
+from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop, DrainsHeldBatches
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 
 
@@ -29,6 +29,20 @@ def _drain(source: LightningSource) -> None:
         + methods_source(DrainsHeldBatches, ("_drain_rule", "_drain_if_the_data_ended", "_drain_held_batches",
                                              "_drain_call")),
         after="_TrainingEpochLoop.advance",
+    )
+    # whether the ranks vote on the end of data (under DDP the drain calls need it), decided once per combined loader
+    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import end_of_data_vote_needed")
+    epoch_loop.add_import("from pytorch_lightning.utilities.combined_loader import CombinedLoader")
+    epoch_loop.insert_in_body(
+        "_TrainingEpochLoop.__init__",
+        """
+        self._vote_decided_for: Optional[CombinedLoader] = None  # the combined loader `_ranks_vote` was decided for
+        self._ranks_vote = False
+        """,
+        at_end=True,
+    )
+    epoch_loop.insert(
+        methods_source(BatchCountingEpochLoop, ("_ranks_vote_every_step",)), after="_TrainingEpochLoop._drain_call"
     )
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop.advance",

@@ -116,6 +116,13 @@ def _look_ahead(source: LightningSource) -> None:
         """,
     )
 
+    for module, loop in (("loops.evaluation_loop", "_EvaluationLoop"), ("loops.prediction_loop", "_PredictionLoop")):
+        source.module(module).replace_statement(
+            f"{loop}.reset",
+            assigns("data_fetcher"),
+            "data_fetcher = _select_data_fetcher(self.trainer, self.trainer.state.stage, self.batch_progress)",
+        )
+
     trainer = source.module("trainer.trainer")
     trainer.add_import(f"from {LIGHTNING_PACKAGE}.options import Options, RunResources")
     trainer.insert_in_body(

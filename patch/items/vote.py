@@ -2,28 +2,12 @@
 
 from patch.edits import LightningSource
 from patch.items import Item
-from patch.items.look_ahead import LIGHTNING_PACKAGE
-from patch.transplant import methods_source
-from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop
 
 
 def _vote(source: LightningSource) -> None:
-    # what the training loop keeps of the vote: whether its drain calls need it (the fetcher's record of the step
-    # calls votes before each call itself: item 2)
+    # the fetcher's record of the step calls votes before each call (item 2), and the training loop knows whether
+    # its ranks vote at all (item 3, for its drain calls); here the vote takes the place of stock's broadcast
     epoch_loop = source.module("loops.training_epoch_loop")
-    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import end_of_data_vote_needed")
-    epoch_loop.add_import("from pytorch_lightning.utilities.combined_loader import CombinedLoader")
-    epoch_loop.insert_in_body(
-        "_TrainingEpochLoop.__init__",
-        """
-        self._vote_decided_for: Optional[CombinedLoader] = None  # the combined loader `_ranks_vote` was decided for
-        self._ranks_vote = False
-        """,
-        at_end=True,
-    )
-    epoch_loop.insert(
-        methods_source(BatchCountingEpochLoop, ("_ranks_vote_every_step",)), after="_TrainingEpochLoop._drain_call"
-    )
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop._broadcast_sigterm_tensor",
         """

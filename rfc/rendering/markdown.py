@@ -57,7 +57,7 @@ def no_results(what: str, command: str) -> str:
     return f"> **No {what} yet:** run `{command}`, commit the JSON, then re-render with `python rfc/render.py`."
 
 
-def _commit_text(setup: dict[str, Any]) -> str | None:
+def commit_text(setup: dict[str, Any]) -> str | None:
     commit = str(setup.get("git_commit") or "")
     if not commit:
         return None
@@ -84,7 +84,7 @@ def setup_line(setup: dict[str, Any], source: str, mode: str | None = None) -> s
     for key in sorted(set(setup) - known):  # anything the producer adds later still shows
         if isinstance(setup[key], (str, int, float)) and not isinstance(setup[key], bool) and setup[key] != "":
             parts.append(f"{key} {setup[key]}")
-    commit = _commit_text(setup)
+    commit = commit_text(setup)
     if commit:
         parts.append(commit)
     if setup.get("generated_at"):

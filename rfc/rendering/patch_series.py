@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rendering.code_pointers import PATCH_SUMMARY, no_code_of_its_own
-from rendering.markdown import cell, code, no_results
+from rendering.markdown import cell, code, commit_text, no_results
 from rendering.results import Inputs, load_json
 
 COMMAND = "python -m patch.series --out patches --summary rfc/results/patch-series.json"
@@ -33,10 +33,37 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     for item in items:
         where = code(item["code"]) if item["code"] else f"{no_code_of_its_own(item)}: {item['part']}"
         lines.append(f"| {item['number']} | {where} | +{item['added']} −{item['removed']} |")
+    lines += ["", *prefix_lines(inputs)]
     lines += ["", "What a user of today's flavour notices, patch by patch (each patch's message):", ""]
     for item in items:
         lines.append(f"- **{item['number']}. {cell(item['title'])}.** {' '.join(item['why'].split())}")
     return "\n".join(lines)
+
+
+PREFIXES_FILE = "patch-prefixes.json"  # written by `python -m patch.prefixes --json rfc/results/patch-prefixes.json`
+PREFIXES_COMMAND = "python -m patch.prefixes --json rfc/results/patch-prefixes.json"
+
+
+def prefix_lines(inputs: Inputs) -> list[str]:
+    """Whether each commit of the series works on its own: the smoke run of every prefix (``patch.prefixes``)."""
+    path = inputs.results_dir / PREFIXES_FILE
+    if not path.is_file():
+        return [no_results("smoke runs of the series' prefixes", PREFIXES_COMMAND)]
+    data = load_json(path)
+    commits = data["commits"]
+    failing = [row for row in commits if not row["passed"]]
+    revision = commit_text(data["setup"]) or "an unrecorded commit"
+    lines = [
+        f"Each commit on its own, applied in order from the first (`{PREFIXES_COMMAND}`, at {revision}): a smoke run"
+        " of a regular module and of one taking `dataloader_iter` (each fitted with validation twice per epoch, then"
+        f" validated and asked to predict) passes after {len(commits) - len(failing)} of the {len(commits)} commits"
+        + (", so the series is not yet bisectable. The commits that fail, and why:" if failing else "."),
+    ]
+    if failing:
+        lines += ["", "| Item | what fails | why |", "| --- | --- | --- |"]
+        lines += [f"| {row['item']} | {cell(row['last_line'][:160])} | {cell(row.get('known_failure') or '')} |"
+                  for row in failing]
+    return lines
 
 
 COST_FILE = "patch-cost.json"  # written by `python -m benchmarks.patch_cost`
