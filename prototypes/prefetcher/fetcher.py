@@ -97,9 +97,10 @@ class _StepCallHandOut:
     def backward_ended(self) -> None:
         """The step call returned and its backward ended (a ``next()`` until the next call counts toward that one):
         the ranks' vote between the calls starts here, so that it travels while the optimizer steps
-        (``data_ended_after_call`` reads it)."""
-        self.end_step_call()
-        self.calls.start_vote()
+        (``data_ended_after_call`` reads it). Without a vote (one rank) nothing: the regular path's cost per batch."""
+        if self.calls.ranks_vote:
+            self.end_step_call()
+            self.calls.start_vote()
 
     def data_ended_after_call(self) -> bool:
         """Whether the returned step call took the data's last batch. Why after closing the call: between two calls
