@@ -48,20 +48,16 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         self, kwargs: Any, optimizer: torch.optim.Optimizer, call: StepCall, data_ended: Callable[[], bool],
         backward_ended: Callable[[], None] = lambda: None,
     ) -> dict:
-        """One step call, ``call`` its record; ``data_ended()``, asked once the step returned, says whether it took the
-        epoch's last batch; ``backward_ended()``, called as its backward ends, starts what ``data_ended`` reads (the
-        ranks' vote), so that where no accumulation window waits for the answer it travels while the optimizer steps.
-        Why not earlier, as the step returns: a drain call on one rank may pair with a regular call on another, and
-        its vote, which needs the call's end, follows its backward; the collectives must come in the same order on
-        every rank. A drain call, or a call that declined the batches left (``StepCall.declined``), that computed no
-        loss reaches no optimizer hook: no batch was trained.
+        """One step call, ``call`` its record; ``data_ended()`` says whether it took the epoch's last batch;
+        ``backward_ended()`` starts what it reads (the ranks' vote), to travel while the optimizer steps. Not as the
+        step returns: a paired drain call's vote follows its backward, and collectives keep one order on every rank.
+        A drain or declining call (``StepCall.declined``) that computed no loss reaches no optimizer hook.
 
         A StopIteration from the step propagates (no backward ran): the loop tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
         """
         trainer, step_call_idx = self.trainer, call.index - 1
-        # Why a drain call zeroes the gradients itself: it is a window of its own (the epoch's last batch closed the
-        # previous one), while Lightning zeroes only at a multiple of accumulate_grad_batches
+        # a drain call is a window of its own, so it zeroes (Lightning zeroes at multiples of accumulate_grad_batches)
         zero_grad = self._zero_grad_fn_of_a_drain_call if call.drain and not self._skip_backward else None
         closure = Closure(
             step_fn=self._make_step_fn(kwargs), backward_fn=self._make_backward_fn(optimizer),

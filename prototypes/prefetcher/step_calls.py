@@ -63,8 +63,7 @@ class HeldBatches:
 
 
 class RanksVoteBetweenCalls:
-    """The ranks' end-of-data vote between two step calls (``peek_on_every_rank``) and what it carries besides
-    (``RanksVote``). Part of ``EpochStepCalls``, on the loop's thread, under the record's ``lock``."""
+    """The ranks' end-of-data vote between two step calls (``RanksVote``); part of ``EpochStepCalls``, locked."""
 
     trainer: pl.Trainer
     lock: threading.RLock
@@ -87,12 +86,9 @@ class RanksVoteBetweenCalls:
         """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
 
         Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
-        #2258). The ranks vote once between two step calls (whoever asks first: ``done`` or the next call; started
-        earlier by ``start_vote``), so all end the epoch at the same call, dropping what longer shards still hold. Why
-        not inside a call: a step need not pull on every rank (a Megatron-style pipeline stage after the first only
-        receives activations), and a vote it does not join would block the ranks that pull. The vote also carries
-        what the loop needs to agree on before the next call (``RanksVote``): it stands in for stock Lightning's
-        broadcast before each call.
+        #2258). The ranks vote once between two step calls (read by whoever asks first, ``done`` or the next call), so
+        all end the epoch at the same call. Why not inside a call: a step need not pull on every rank (a pipeline
+        stage after the first only receives activations), and a vote it does not join would block those that pull.
         """
         with self.lock:
             self.start_vote()
@@ -124,14 +120,13 @@ class RanksVoteBetweenCalls:
         self.ranks_vote = False
 
     def holds_batches(self) -> bool:
-        """Whether this rank's step holds batches it pulled ahead (``StepCalls.holds``) that the loop may still
-        drain: its rule allows it, the last call was whole, and the loop has not drained yet."""
+        """Whether this rank's step holds batches it pulled ahead that the loop may still drain (``StepCalls.holds``,
+        its rule allows it, the last call was whole, no drain yet)."""
         return not (self.drained or self.call.cut_short) and makes_drain_calls(self.drain_rule, True) and self.holds()
 
     def vote_after_drain_call(self, ended: bool) -> RanksVote:
-        """The ranks' vote after a drain call (``drain``'s): whether every rank makes another call over the
-        dataloader. It pairs with a peer's vote between two regular calls (``peek_on_every_rank``), where the peer's
-        data ended a call later."""
+        """The ranks' vote after a drain call (``drain``'s): whether every rank makes another call over the dataloader.
+        It pairs with a peer's vote between two regular calls, where the peer's data ended a call later."""
         head = self.peek()
         agreed = vote(
             self.trainer, not ended or head is not None, pulled_ahead=not ended, continues_the_dataloader=not ended
@@ -144,10 +139,9 @@ class RanksVoteBetweenCalls:
         """Whether this rank's look-ahead sees its data end within the next call, if that call takes as many batches
         as the last one did (at least one), where the next call would not close its accumulation window by its index.
 
-        Why: DDP's gradient all-reduce is skipped for a call inside a window and must run in the call that closes it;
-        a window the data's end closes early is closed by a call no index predicts. Every rank must make the same
-        choice before the call, so the look-ahead travels in the vote (``RanksVote``). A call that takes more
-        batches than its predecessor may still end the data unforeseen: the loop then synchronises that window once.
+        Why: DDP's gradient all-reduce is skipped inside a window and runs in the call that closes it, and a window
+        the data's end closes early is closed by a call no index predicts; every rank must choose alike before the
+        call, so the look-ahead travels in the vote. A larger call may still end the data unforeseen (synced once).
         """
         accumulate = self.trainer.accumulate_grad_batches
         if self.take_ahead is None or accumulate == 1 or (self.call.index + 1) % accumulate == 0:
@@ -156,9 +150,8 @@ class RanksVoteBetweenCalls:
         return self.available(expected + 1, head.dataloader_idx, self.take_ahead) <= expected
 
     def drains_here(self) -> bool:
-        """Whether the loop makes drain calls after the call that ended the current dataloader's data on this rank:
-        as the ranks agreed after that call (``RanksVote.drains``), or by this rank's own rule where they did not
-        vote."""
+        """Whether the loop drains after the call that ended the current dataloader's data on this rank: as the ranks
+        agreed after that call (``RanksVote.drains``), or by this rank's own rule where they did not vote."""
         if self.call.cut_short:
             return False
         if self.last_vote is not None and self.voted_before_call == self.call.index:
@@ -169,10 +162,6 @@ class RanksVoteBetweenCalls:
         """Where the ranks vote at all (``ranks_vote``: the callers check it first, it is off for most runs), whether
         they vote now: between two calls, once per call, not after a drain call (``vote_after_drain_call`` is)."""
         return not (self.call.open or self.call.drain) and self.voted_before_call != self.call.index
-
-    def vote_unread(self) -> bool:
-        """Whether ``peek_on_every_rank`` would wait for the ranks' vote: it is due, or started and not yet read."""
-        return self.ranks_vote and (self.unread_vote is not None or self.vote_due())
 
 
 class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):

@@ -279,7 +279,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C15 + "test_multiple_dataloaders_each_sequence_once_with_its_dataloader_idx",), "validate and " + SIZED),
     # C16 Distributed
     Defect("no_end_of_data_vote", "C16", "prefetcher", "ends an uneven shard's epoch without the ranks' vote",
-           (prefetch_step_calls, "vote"), _instead(_this_ranks_vote_alone),
+           (prefetch_step_calls, "start_vote"), _instead(_this_ranks_vote_alone),
            (C16 + "test_uneven_shards_stop_every_rank_at_the_same_step_or_raise_the_same_error",)),
     Defect("vote_beside_the_sigterm_broadcast", "C16", "prefetcher",
            "keeps stock Lightning's SIGTERM broadcast before each step call beside the ranks' vote",

@@ -277,8 +277,9 @@ def _divides_the_runs_batches(trainer: Any, batches_per_call: int, last_call_tra
 
 
 def _this_ranks_vote_alone(trainer: Any, has_batch: bool, **flags: bool) -> Any:
-    """The ranks' vote answered from this rank alone: no collective."""
-    return RanksVote(has_batch, flags.get("cut_short", False), flags.get("ends_within_the_next_call", False))
+    """The ranks' vote started (``start_vote``) and answered from this rank alone: no collective."""
+    alone = RanksVote(has_batch, flags.get("cut_short", False), flags.get("ends_within_the_next_call", False))
+    return lambda: alone
 
 
 def _skips_the_vote_for_equal_shards(original: Callable[..., Any]) -> Callable[..., Any]:
