@@ -1,17 +1,16 @@
 """Every prefix of the patch series, smoke-run: does each commit, applied in order from the first, leave a Lightning
 that imports and trains?
 
-    python -m patch.prefixes [--sdist-cache DIR] [--json FILE | --items N ...]
+    python -m patch.prefixes [--sdist-cache DIR] [--json FILE | --commits N ...]
 
 A maintainer bisecting a regression lands on any commit of a merged stack, so each must work on its own. For each
-commit of the series (``patch.series.patched_tree``) this checks the commit out and runs ``SMOKE`` in a fresh
+commit of the stack (``patch.series.patched_tree``) this checks the commit out and runs ``SMOKE`` in a fresh
 interpreter whose ``pytorch_lightning`` and ``lightning_fabric`` are that commit's sources (first on ``PYTHONPATH``:
 the package is pure Python, so its sources are what ``pip install`` would copy): a regular module and one whose
 steps take ``dataloader_iter``, each fitted with validation twice per epoch, then validated and asked to predict.
-Prints one line per commit; ``--json`` writes them (``item``, ``passed``, the error's last line) with the checkout's
-revision. The commits known to fail are listed, each with its reason, in ``prefix-failures.txt`` beside this module;
-the command fails when the commits that fail differ from that list either way (a listed commit that passes must
-leave the list), so CI holds the series to it.
+Prints one line per commit; ``--json`` writes them (``commit``, its ``items`` and ``subject``, ``passed``, the
+error's last line) with the checkout's revision. The command fails when any commit fails, so CI holds every commit
+of the stack to it.
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ import tempfile
 from pathlib import Path
 
 from harness_common import code_revision
-from patch.series import DEFAULT_CACHE, ITEMS, PACKAGE_IN_SDIST, RELEASE, _git, patched_tree
-
-EXPECTED_FAILURES = Path(__file__).with_name("prefix-failures.txt")
+from patch.series import DEFAULT_CACHE, PACKAGE_IN_SDIST, RELEASE, RELEASE_TAG, STACK, commits, git, patched_tree
+from patch.stack import commits as stack_commits
 
 # The smoke run, in a child interpreter: a run that raises, or hangs past the timeout, fails the commit.
 SMOKE = '''
@@ -112,68 +110,43 @@ def smoke_run(root: Path) -> tuple[bool, str]:
 
 
 def every_prefix(cache: Path = DEFAULT_CACHE, only: set[int] | None = None) -> list[dict]:
-    """The series generated now, each of its commits smoke-run in order (``only``: those of these items): one row per
-    item run."""
+    """The stack generated now, each of its commits smoke-run in order (``only``: those of these numbers, from 1): one
+    row per commit run."""
     with tempfile.TemporaryDirectory() as scratch:
         tree = patched_tree(Path(scratch) / "tree", cache)
-        commits = _git(tree, "rev-list", "--reverse", f"HEAD~{len(ITEMS)}..HEAD").split()
-        _git(tree, "checkout", "--quiet", "--detach", f"HEAD~{len(ITEMS)}")
+        git(tree, "checkout", "--quiet", "--detach", RELEASE_TAG)
         passed, last_line = smoke_run(tree)
         if not passed:  # the smoke run must hold for the release, or it tells nothing about the commits
             raise RuntimeError(f"the smoke run fails on pytorch-lightning {RELEASE} as released: {last_line}")
         rows = []
-        for item, commit in zip(ITEMS, commits, strict=True):
-            if only and item.number not in only:
+        for number, (commit, sha) in enumerate(zip(stack_commits(STACK), commits(tree), strict=True), start=1):
+            if only and number not in only:
                 continue
-            _git(tree, "checkout", "--quiet", "--detach", commit)
+            git(tree, "checkout", "--quiet", "--detach", sha)
             passed, last_line = smoke_run(tree)
-            rows.append(dict(item=item.number, title=item.title, passed=passed, last_line="" if passed else last_line))
-            print(f"{'passed' if passed else 'FAILED'}  {item.number:2d} {item.title[:70]}"
+            subject = git(tree, "log", "-1", "--format=%s", sha).strip()
+            rows.append(dict(commit=number, items=list(commit.items), subject=subject, passed=passed,
+                             last_line="" if passed else last_line))
+            print(f"{'passed' if passed else 'FAILED'}  {number:2d} {subject[:70]}"
                   + ("" if passed else f"\n        {last_line[:200]}"), flush=True)
         return rows
-
-
-def expected_failures(path: Path = EXPECTED_FAILURES) -> dict[int, str]:
-    """The commits known to fail the smoke run: item number -> reason (lines ``<item>: <reason>``, ``#`` comments)."""
-    expected = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            number, reason = line.split(":", 1)
-            expected[int(number)] = reason.strip()
-    return expected
-
-
-def differences(rows: list[dict], expected: dict[int, str]) -> list[str]:
-    """What the rows say against the list of known failures: a listed commit that passes, an unlisted one that fails."""
-    failing = {row["item"]: row["last_line"] for row in rows if not row["passed"]}
-    found = [f"item {n}'s commit now passes the smoke run: remove its line from {EXPECTED_FAILURES.name}"
-             for n in sorted(set(expected) - set(failing))]
-    found += [f"item {n}'s commit fails the smoke run ({failing[n][:200]}) and is not in {EXPECTED_FAILURES.name}"
-              for n in sorted(set(failing) - set(expected))]
-    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sdist-cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--json", type=Path, help="write the rows here")
-    parser.add_argument("--items", type=int, nargs="+", help="run only the commits of these items (no --json)")
+    parser.add_argument("--commits", type=int, nargs="+", help="run only these commits, from 1 (no --json)")
     args = parser.parse_args(argv)
-    if args.items and args.json:
-        parser.error("--json records every commit: leave out --items")
-    rows = every_prefix(args.sdist_cache, set(args.items or ()))
-    expected = {n: why for n, why in expected_failures().items() if not args.items or n in args.items}
-    for row in rows:
-        row["known_failure"] = expected.get(row["item"], "")
+    if args.commits and args.json:
+        parser.error("--json records every commit: leave out --commits")
+    rows = every_prefix(args.sdist_cache, set(args.commits or ()))
     if args.json:
         document = dict(schema=1, release=RELEASE, setup=code_revision(Path(__file__).parent), commits=rows)
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     passed = sum(row["passed"] for row in rows)
     print(f"{passed} of {len(rows)} commits pass the smoke run")
-    found = differences(rows, expected)
-    for line in found:
-        print(line, file=sys.stderr)
-    return 1 if found else 0
+    return 0 if passed == len(rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,25 +1,28 @@
-"""The RFC's change list written into pytorch-lightning 2.6.6, as a patch series for review.
+"""The RFC's change list written into pytorch-lightning 2.6.6, as a stack of pull requests for review.
 
     python -m patch.series --out DIR [--layout sdist|repository] [--sdist-cache DIR] [--tree DIR] [--summary FILE]
 
 Downloads the release's sdist (``pip download --no-deps --no-binary :all: pytorch-lightning==2.6.6``), unpacks it
-into a git repository, applies the items of ``patch.items`` in the RFC's order, one commit per item, and writes the
-commits with ``git format-patch`` into ``--out``: ``0001-…patch`` is item 1, each applying on the one before. An item
-with no code is still a patch: what it changes is Lightning's documentation, or its message says why it has none.
+into a git repository, applies the items of ``patch.items`` grouped into the commits and pull requests of
+``patch.stack``, and writes the stack with ``git format-patch`` into ``--out``: one directory per pull request
+(``1-…/``, ``2-…/``) with its patches, numbered through the stack so that ``git am DIR/*/*.patch`` applies them in
+order, and its description (``DESCRIPTION.md``: what it changes and why, its commits, what a user notices, how to
+adapt, its CHANGELOG entries).
 
 ``--layout repository`` writes the same series for the Lightning repository (``src/lightning/pytorch/``, importing
 ``lightning.pytorch`` and ``lightning.fabric``), where maintainers review it; the sdist is the standalone package
 ``pytorch_lightning``, whose files the release process generated from those by renaming the imports. ``--tree DIR``
 also keeps the patched sdist (a directory ``pip install`` accepts): ``python -m patch.environment`` builds from it.
-``--summary rfc/results/patch-series.json`` writes, per item, the module here that makes its patch and the lines the
-patch adds to and removes from each of Lightning's files: the RFC's change list renders them beside its code pointers.
+``--summary rfc/results/patch-series.json`` writes, per item, the module here that makes it and the lines it adds to
+and removes from each of Lightning's files (the RFC's change list renders them beside its code pointers), and the
+stack's pull requests with their commits.
 
 The kept tree carries one file the series does not: the marker module ``pytorch_lightning/_rfc_patch_series.py``
 (``prototypes.patched.SERIES_MODULE``), naming the series by a hash of its patches and the ``patch/`` sources that
 generated it, so an environment can tell its package is patched, and by what.
 
-The commits carry a fixed date, so the same items applied to the same release give byte-identical patches (and the
-same hash).
+The commits carry a fixed date, so the same items in the same stack applied to the same release give byte-identical
+patches (and the same hash).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from pathlib import Path
 
 from patch.edits import LightningSource
 from patch.items import ITEMS
+from patch.stack import STACK, PullRequest, check_stack, commit_message, items_of
+from patch.stack import commits as stack_commits
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 RELEASE = "2.6.6"
@@ -51,10 +56,13 @@ REPOSITORY_NAMES = (
     ("lightning_fabric", "lightning.fabric"),
 )
 _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataloader-iter@localhost"]
-# --always: an item without code is a commit without a diff, and still a patch (its message says why).
-_FORMAT_PATCH = ("--always", "--zero-commit", "--no-signature")
+_FORMAT_PATCH = ("--zero-commit", "--no-signature")
 # Any fixed date: a commit's date is in its patch, and a date of generation would change the series' hash each run.
 _COMMIT_DATE = "2000-01-01T00:00:00+0000"
+RELEASE_TAG = "release"  # the sdist as released: the stack's base
+ITEMS_BRANCH = "items"  # one commit per item, in the stack's order: what each item changes
+DESCRIPTION = "DESCRIPTION.md"  # a pull request's description, beside its patches
+CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed")  # Lightning's CHANGELOG's, in its order
 
 
 def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
@@ -73,7 +81,8 @@ def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
     return found[0]
 
 
-def _git(tree: Path, *args: str) -> str:
+def git(tree: Path, *args: str) -> str:
+    """``git args`` in ``tree``, as the series' author at its fixed date; its output."""
     env = {**os.environ, "GIT_AUTHOR_DATE": _COMMIT_DATE, "GIT_COMMITTER_DATE": _COMMIT_DATE}
     return subprocess.run(
         ["git", *_AUTHOR, *args], cwd=tree, env=env, check=True, capture_output=True, text=True
@@ -81,26 +90,47 @@ def _git(tree: Path, *args: str) -> str:
 
 
 def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
-    """Unpack the sdist into ``dest`` (a new directory), commit it as released, then each item as a commit of its
-    own. Returns the unpacked sdist's root, a git repository whose history is the series."""
+    """Unpack the sdist into ``dest`` (a new directory) and commit it as released (tag ``RELEASE_TAG``); apply the
+    items in the stack's order, one commit each (branch ``ITEMS_BRANCH``: what each item changes), then write the
+    stack: one commit per commit of ``patch.stack.STACK`` on the release, each the tree of its last item's commit.
+    Returns the unpacked sdist's root, a git repository whose ``HEAD`` is the stack's last commit."""
+    check_stack(STACK, ITEMS)
     with tarfile.open(download_sdist(cache)) as archive:
         archive.extractall(dest, filter="data")
     root = dest / f"pytorch_lightning-{RELEASE}"
-    _git(root, "init", "--quiet")
-    _git(root, "add", "--all")
-    _git(root, "commit", "--quiet", "-m", f"pytorch-lightning {RELEASE} as released (sdist)")
+    git(root, "init", "--quiet")
+    git(root, "add", "--all")
+    git(root, "commit", "--quiet", "-m", f"pytorch-lightning {RELEASE} as released (sdist)")
+    git(root, "tag", RELEASE_TAG)
     source = LightningSource(root / PACKAGE_IN_SDIST, "pytorch_lightning")
-    for item in ITEMS:
-        item.apply(source)
-        lightning_style(root, _changed_python_files(root))
-        _git(root, "add", "--all")
-        _git(root, "commit", "--quiet", "--allow-empty", "-m", item.commit_message())
+    last_item_commit = {}
+    for commit in stack_commits(STACK):
+        for item in items_of(commit, ITEMS):
+            item.apply(source)
+            lightning_style(root, _changed_python_files(root))
+            git(root, "add", "--all")
+            git(root, "commit", "--quiet", "--allow-empty", "-m", item.commit_message())
+        last_item_commit[commit] = git(root, "rev-parse", "HEAD").strip()
+    git(root, "branch", ITEMS_BRANCH)
+    git(root, "checkout", "--quiet", "--detach", RELEASE_TAG)
+    for commit, tree in last_item_commit.items():
+        git(root, "read-tree", "-u", "--reset", tree)
+        if not git(root, "status", "--porcelain"):
+            raise ValueError(f"the stack's commit of items {commit.items} changes nothing: every commit must carry a "
+                             "change, so place an item without one in the commit whose code makes it")
+        git(root, "commit", "--quiet", "-m", commit_message(commit, ITEMS))
     return root
+
+
+def commits(tree: Path, ref: str = "HEAD") -> list[str]:
+    """The commits ``patched_tree`` made in ``tree`` after the release, oldest first: the stack's (``HEAD``) or, with
+    ``ref=ITEMS_BRANCH``, one per item."""
+    return git(tree, "rev-list", "--reverse", f"{RELEASE_TAG}..{ref}").split()
 
 
 def _changed_python_files(root: Path) -> list[str]:
     """The Python files the working tree changes or adds against its last commit."""
-    listed = _git(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+    listed = git(root, "status", "--porcelain", "--untracked-files=all").splitlines()
     return sorted(line[3:] for line in listed if line.endswith(".py") and not line.startswith(" D"))
 
 
@@ -125,7 +155,7 @@ def lightning_style(root: Path, files: list[str]) -> None:
 
 def series_identity(tree: Path) -> str:
     """A hash of the series ``patched_tree`` committed in ``tree``: its patches in the sdist layout, in order."""
-    series = _git(tree, "format-patch", *_FORMAT_PATCH, "--stdout", f"HEAD~{len(ITEMS)}")
+    series = git(tree, "format-patch", *_FORMAT_PATCH, "--stdout", RELEASE_TAG)
     return f"sha256:{hashlib.sha256(series.encode()).hexdigest()}"
 
 
@@ -135,7 +165,7 @@ def marker_text(tree: Path) -> str:
         f'"""Written by `python -m patch.series`: this package is pytorch-lightning {RELEASE} with the RFC\'s patch '
         'series applied."""\n\n'
         f"RELEASE = {RELEASE!r}\n"
-        f"PATCHES = {len(ITEMS)}\n"
+        f"PATCHES = {len(commits(tree))}\n"
         "# sha256 of the series' patches (sdist layout, in order) and of the patch/ sources that generated them\n"
         f"SERIES = {series_identity(tree)!r}\n"
         f"SOURCES = {patch_sources_digest()!r}\n"
@@ -151,29 +181,97 @@ def keep_tree(tree: Path, dest: Path) -> Path:
 
 
 def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
+    """The stack in ``out``: per pull request a directory ``<n>-<title>`` holding its patches, numbered through the
+    stack (``git am out/*/*.patch`` applies them all, in order), and its description, ``DESCRIPTION.md``. Returns the
+    patches in order."""
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.patch"):
-        old.unlink()
-    names = _git(tree, "format-patch", *_FORMAT_PATCH, "--quiet", "-o", str(out), f"HEAD~{len(ITEMS)}").split()
-    patches = [Path(name) if Path(name).is_absolute() else out / name for name in names] or sorted(out.glob("*.patch"))
-    if layout == "repository":
-        for patch_file in patches:
-            patch_file.write_text(to_repository_layout(patch_file.read_text()))
+    for old in out.glob("[0-9]*-*"):
+        if (old / DESCRIPTION).is_file():
+            shutil.rmtree(old)
+    patches = []
+    for number, (pull_request, shas, rows) in enumerate(_pull_requests(tree), start=1):
+        directory = out / f"{number}-{_slug(pull_request.title)}"
+        directory.mkdir()
+        git(tree, "format-patch", *_FORMAT_PATCH, "--quiet", "--start-number", str(len(patches) + 1),
+             "-o", str(directory), f"{shas[0]}~..{shas[-1]}")
+        written = sorted(directory.glob("*.patch"))
+        if layout == "repository":
+            for patch_file in written:
+                patch_file.write_text(to_repository_layout(patch_file.read_text()))
+        (directory / DESCRIPTION).write_text(describe(number, pull_request, rows))
+        patches += written
     return patches
 
 
+def _pull_requests(tree: Path) -> list[tuple[PullRequest, list[str], list[dict]]]:
+    """Each pull request of ``STACK`` with its commits in ``tree``: their ids, and per commit its subject, its items
+    and the lines it changes per file."""
+    stack, grouped = commits(tree), []
+    for pull_request in STACK:
+        shas, stack = stack[:len(pull_request.commits)], stack[len(pull_request.commits):]
+        rows = []
+        for commit, sha in zip(pull_request.commits, shas, strict=True):
+            files = _numstat(tree, sha)
+            rows.append({"subject": git(tree, "log", "-1", "--format=%s", sha).strip(), "items": list(commit.items),
+                         "files": files, "added": sum(f["added"] for f in files),
+                         "removed": sum(f["removed"] for f in files)})
+        grouped.append((pull_request, shas, rows))
+    return grouped
+
+
+def _slug(title: str, words: int = 6) -> str:
+    return "-".join(re.findall(r"[a-z0-9]+", title.lower())[:words])
+
+
+def _files_cell(files: list[dict]) -> str:
+    """The files a commit changes, those of one directory counted together where there are several."""
+    by_directory: dict[str, list[str]] = {}
+    for changed in files:
+        by_directory.setdefault(str(Path(changed["path"]).parent), []).append(changed["path"])
+    return ", ".join(f"`{paths[0]}`" if len(paths) == 1 else f"`{directory}/` ({len(paths)} files)"
+                     for directory, paths in by_directory.items())
+
+
+def _numstat(tree: Path, commit: str) -> list[dict]:
+    """The lines ``commit`` adds to and removes from each file (paths relative to the package)."""
+    files = []
+    for line in git(tree, "show", "--numstat", "--format=", commit).splitlines():
+        added, removed, path = line.split("\t")
+        files.append({"path": str(Path(path).relative_to(PACKAGE_IN_SDIST)), "added": int(added),
+                      "removed": int(removed)})
+    return files
+
+
+def describe(number: int, pull_request: PullRequest, rows: list[dict]) -> str:
+    """The pull request's description: what it changes and why, its commits (``rows``, as ``_pull_requests`` gives
+    them), what a user notices, how to adapt, and its CHANGELOG entries."""
+    base = (f"on pull request {number - 1}, \"{STACK[number - 2].title}\"" if number > 1
+            else f"on pytorch-lightning {RELEASE}")
+    lines = [f"# {pull_request.title}", "", " ".join(pull_request.why.split()), "",
+             f"Pull request {number} of the {len(STACK)} that make a `training_step(self, dataloader_iter)` get the"
+             f" batches it consumes; it applies {base}.", "", "## Commits", "",
+             "| Commit | Files | Lines (+/−) |", "| --- | --- | --- |"]
+    lines += [f"| {row['subject']} | {_files_cell(row['files'])} | +{row['added']} −{row['removed']} |" for row in rows]
+    made = [item for commit in pull_request.commits for item in items_of(commit, ITEMS)]
+    lines += ["", "## What a user notices", ""]
+    lines += [f"- **{item.title}** (the RFC's change list, item {item.number}). {' '.join(item.why.split())}"
+              for item in made]
+    lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), "", "## CHANGELOG", ""]
+    for heading in CHANGELOG_SECTIONS:
+        entries = [entry for item in made for section, entry in item.changelog if section == heading]
+        lines += [f"### {heading}", "", *(f"- {entry}" for entry in entries), ""] if entries else []
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 def summary(tree: Path) -> dict:
-    """Per item of the series: its number, title, the module here that makes it, and the lines its patch adds to and
-    removes from each of Lightning's files (paths relative to the package)."""
-    commits = _git(tree, "rev-list", "--reverse", f"HEAD~{len(ITEMS)}..HEAD").split()
+    """Per item of the series (in the change list's order): its number, title, the module here that makes it, and
+    the lines its edits add to and remove from each of Lightning's files (paths relative to the package); per pull
+    request of the stack: its title and its commits, each with its subject, its items and its lines per file."""
+    made_by = dict(zip([item.number for commit in stack_commits(STACK) for item in items_of(commit, ITEMS)],
+                       commits(tree, ITEMS_BRANCH), strict=True))
     items = []
-    for item, commit in zip(ITEMS, commits, strict=True):
-        files = []
-        for line in _git(tree, "show", "--numstat", "--format=", commit).splitlines():
-            added, removed, path = line.split("\t")
-            files.append({
-                "path": str(Path(path).relative_to(PACKAGE_IN_SDIST)), "added": int(added), "removed": int(removed)
-            })
+    for item in ITEMS:
+        files = _numstat(tree, made_by[item.number])
         code = Path(inspect.getfile(item.apply_edits)) if item.apply_edits else None
         items.append({
             "number": item.number,
@@ -185,7 +283,8 @@ def summary(tree: Path) -> dict:
             "added": sum(f["added"] for f in files),
             "removed": sum(f["removed"] for f in files),
         })
-    return {"schema": 1, "release": RELEASE, "items": items}
+    pull_requests = [{"title": pull_request.title, "commits": rows} for pull_request, _, rows in _pull_requests(tree)]
+    return {"schema": 1, "release": RELEASE, "items": items, "pull_requests": pull_requests}
 
 
 def to_repository_layout(patch_text: str) -> str:
@@ -211,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             args.summary.write_text(json.dumps(summary(tree), indent=1) + "\n")
         if args.tree:
             keep_tree(tree, args.tree)
-    print(f"{len(patches)} patches ({args.layout} layout) in {args.out}")
+    print(f"{len(STACK)} pull requests, {len(patches)} patches ({args.layout} layout) in {args.out}")
     return 0
 
 

@@ -41,10 +41,10 @@ PATCH_DIR = Path(__file__).resolve().parent.parent / "patch"
 
 
 def patch_sources(patch_dir: Path = PATCH_DIR) -> list[Path]:
-    """The sources that decide the patched package: the edit engine, the series writer, the transplant, the items,
-    and every prototype module they import, directly or through one another (the code the series carries into
-    Lightning is read from them)."""
-    own = [patch_dir / "edits.py", patch_dir / "series.py", patch_dir / "transplant.py",
+    """The sources that decide the patched package: the edit engine, the series writer, the stack's grouping, the
+    transplant, the items, and every prototype module they import, directly or through one another (the code the
+    series carries into Lightning is read from them)."""
+    own = [patch_dir / "edits.py", patch_dir / "series.py", patch_dir / "stack.py", patch_dir / "transplant.py",
            *(patch_dir / "items").rglob("*.py")]
     root, imported, todo = patch_dir.parent, set(), [path for path in own if path.is_file()]
     while todo:

@@ -3,8 +3,9 @@ PyPI): each patch applies, in order, to a fresh unpack of the release and the la
 repository-layout series does the same to the release's package laid out as Lightning's repository; the same items
 give byte-identical patches; the kept tree carries the marker naming the series.
 
-Two sets of items: the project's (``patch.items.ITEMS``, however many it holds) and three made here, of which the
-second has no code (a patch without a diff) and the third edits what the first added, so they apply in order only.
+Two sets of items, each with its stack: the project's (``patch.items.ITEMS`` in ``patch.stack.STACK``, however
+many they hold) and three made here, of which the second has no code (its commit is the first's) and the third edits
+what the first added, so they apply in order only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import patch.series as series
 from patch.edits import LINE_LENGTH
 from patch.environment import BuildError, check_sdist_layout, marker_series
 from patch.items import ITEMS, Item
+from patch.stack import STACK, Commit, PullRequest, check_stack, commit_message
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 pytestmark = pytest.mark.timeout(300)  # the first run downloads the sdist
@@ -44,10 +46,15 @@ def _change_function(source) -> None:
 
 MADE_HERE = (
     Item(1, "Add a function to the fetchers", "Adds it.", _add_function),
-    Item(2, "Document the flavour", "No code: the change is in Lightning's documentation."),
+    Item(2, "Document the flavour", "No code: the change is in Lightning's documentation.",
+         changelog=(("Added", "The flavour is documented"),)),
     Item(3, "Change the function added by item 1", "Changes it.", _change_function),
 )
-ITEM_SETS = {"project-items": ITEMS, "made-here": MADE_HERE}
+STACK_MADE_HERE = (
+    PullRequest("Add the function", "Why.", "Nothing to adapt.", (Commit((1, 2), "Add a documented function"),)),
+    PullRequest("Change the function", "Why.", "Call it again.", (Commit((3,)),)),
+)
+ITEM_SETS = {"project-items": (ITEMS, STACK), "made-here": (MADE_HERE, STACK_MADE_HERE)}
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -66,7 +73,7 @@ def _unpack(destination: Path) -> Path:
 def _apply_in_order(patches: list[Path], root: Path) -> None:
     for patch_file in patches:
         for check in (["--check"], []):
-            result = subprocess.run(["git", "apply", *check, "--allow-empty", str(patch_file)], cwd=root,
+            result = subprocess.run(["git", "apply", *check, str(patch_file)], cwd=root,
                                     capture_output=True, text=True)
             assert result.returncode == 0, f"{patch_file.name} does not apply in order:\n{result.stderr}"
 
@@ -85,24 +92,58 @@ def _as_repository(sdist_root: Path, destination: Path) -> Path:
 def generated(request, tmp_path_factory):
     """The items applied to the sdist (a git tree) and its series in both layouts."""
     scratch = tmp_path_factory.mktemp(request.param)
+    items, stack = ITEM_SETS[request.param]
     with pytest.MonkeyPatch.context() as patch_module:
-        patch_module.setattr(series, "ITEMS", ITEM_SETS[request.param])
+        patch_module.setattr(series, "ITEMS", items)
+        patch_module.setattr(series, "STACK", stack)
         tree = series.patched_tree(scratch / "tree")
         layouts = {layout: series.write_series(tree, scratch / f"series-{layout}", layout)
                    for layout in ("sdist", "repository")}
         kept = series.keep_tree(tree, scratch / "kept")
-        yield dict(items=ITEM_SETS[request.param], tree=tree, kept=kept, identity=series.series_identity(tree),
+        yield dict(items=items, stack=stack, tree=tree, kept=kept, identity=series.series_identity(tree),
                    scratch=scratch, **layouts)
 
 
-def test_one_patch_per_item_in_order(generated):
-    names = [path.name for path in generated["sdist"]]
-    assert len(names) == len(generated["items"])
-    assert names == sorted(names)
-    for path, item in zip(generated["sdist"], generated["items"], strict=True):
+def test_one_directory_per_pull_request_with_its_commits_numbered_through_the_stack(generated):
+    stack, patches = generated["stack"], generated["sdist"]
+    directories = sorted({path.parent for path in patches})
+    assert [d.name.split("-", 1)[0] for d in directories] == [str(n) for n in range(1, len(stack) + 1)]
+    assert [len(list(d.glob("*.patch"))) for d in directories] == [len(pr.commits) for pr in stack]
+    assert [path.name[:4] for path in patches] == [f"{n:04d}" for n in range(1, len(patches) + 1)]
+    for path, commit in zip(patches, [c for pr in stack for c in pr.commits], strict=True):
         # a long subject is folded over lines, as mail headers are
         subject = re.sub(r"\n\s+", " ", email.message_from_string(path.read_text())["Subject"])
-        assert subject.endswith(f"[RFC {item.number}] {item.title}"), path.name
+        assert subject.endswith(commit_message(commit, generated["items"]).splitlines()[0]), path.name
+        assert "\ndiff --git " in path.read_text(), f"{path.name} is empty"
+
+
+def test_each_description_gives_its_commits_what_a_user_notices_how_to_adapt_and_the_changelog(generated):
+    for directory, pull_request in zip(sorted({p.parent for p in generated["sdist"]}), generated["stack"], strict=True):
+        text = (directory / series.DESCRIPTION).read_text()
+        assert text.startswith(f"# {pull_request.title}\n"), directory.name
+        for heading in ("## Commits", "## What a user notices", "## How to adapt", "## CHANGELOG"):
+            assert f"\n{heading}\n" in text, (directory.name, heading)
+        made = [item for commit in pull_request.commits for item in generated["items"]
+                if item.number in commit.items]
+        assert all(f"**{item.title}**" in text for item in made), directory.name
+        assert all(" ".join(entry.split()) in text for item in made for _, entry in item.changelog), directory.name
+
+
+def test_a_stack_that_misplaces_an_item_or_makes_an_empty_commit_is_refused(generated, monkeypatch, tmp_path):
+    if generated["items"] is not MADE_HERE:
+        pytest.skip("the items made here")
+    missing = (PullRequest("Add", "Why.", "Nothing.", (Commit((1,)), Commit((3,)))),)
+    with pytest.raises(ValueError, match=r"make items \[1, 3\]; the change list has \[1, 2, 3\]"):
+        check_stack(missing, MADE_HERE)
+    unnamed = (PullRequest("Add", "Why.", "Nothing.", (Commit((1, 2)), Commit((3,)))),)
+    with pytest.raises(ValueError, match=r"commits of several items need a subject: \[\(1, 2\)\]"):
+        check_stack(unnamed, MADE_HERE)
+    without_code = Item(2, "Document the flavour", "No code and no CHANGELOG entry.")
+    monkeypatch.setattr(series, "ITEMS", (MADE_HERE[0], without_code, MADE_HERE[2]))
+    monkeypatch.setattr(series, "STACK", (PullRequest("All", "Why.", "Nothing.", (
+        Commit((1,)), Commit((2,)), Commit((3,)))),))
+    with pytest.raises(ValueError, match=r"the stack's commit of items \(2,\) changes nothing"):
+        series.patched_tree(tmp_path / "tree")
 
 
 # what Lightning's reviewers would find in added lines and should not: this repository's words (the RFC's item tags,
@@ -128,15 +169,15 @@ def test_every_commit_passes_lightnings_ruff_on_the_files_it_touches(generated, 
     """What Lightning's pre-commit hooks check on a pull request (``ruff check``, ``ruff format --check``, with the
     configuration of the release's ``pyproject.toml`` and the ruff this project pins), on each commit of the series:
     every prefix of the stack is a state a maintainer could merge."""
-    tree, items = generated["tree"], generated["items"]
+    tree = generated["tree"]
     found = []
-    for commit in series._git(tree, "rev-list", "--reverse", f"HEAD~{len(items)}..HEAD").split():
-        touched = [f for f in series._git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
+    for commit in series.commits(tree):
+        touched = [f for f in series.git(tree, "diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
                    if f.endswith(".py")]
         if not touched:
             continue
         checkout = tmp_path / commit[:12]
-        series._git(tree, "worktree", "add", "--quiet", "--detach", str(checkout), commit)
+        series.git(tree, "worktree", "add", "--quiet", "--detach", str(checkout), commit)
         for check in (["check", "--output-format", "concise"], ["format", "--check"]):
             result = subprocess.run([sys.executable, "-m", "ruff", *check, "--no-cache", *touched], cwd=checkout,
                                     capture_output=True, text=True)
@@ -169,6 +210,7 @@ def test_the_repository_layout_series_applies_to_a_lightning_checkout(generated,
 
 def test_the_same_items_give_byte_identical_patches(generated, monkeypatch):
     monkeypatch.setattr(series, "ITEMS", generated["items"])
+    monkeypatch.setattr(series, "STACK", generated["stack"])
     again = series.patched_tree(generated["scratch"] / "again")
     patches = series.write_series(again, generated["scratch"] / "again-series", "sdist")
     assert [path.read_bytes() for path in patches] == [path.read_bytes() for path in generated["sdist"]]
@@ -178,7 +220,8 @@ def test_the_same_items_give_byte_identical_patches(generated, monkeypatch):
 def test_the_kept_tree_is_the_patched_sdist_with_the_marker_naming_the_series(generated):
     kept, marker_path = generated["kept"], series.PACKAGE_IN_SDIST / f"{SERIES_MODULE}.py"
     marker = runpy.run_path(str(kept / marker_path))
-    assert (marker["PATCHES"], marker["SERIES"]) == (len(generated["items"]), generated["identity"])
+    commits = sum(len(pull_request.commits) for pull_request in generated["stack"])
+    assert (marker["PATCHES"], marker["SERIES"]) == (commits, generated["identity"])
     assert marker["SOURCES"] == patch_sources_digest() and marker_series(kept) == generated["identity"]
     assert {name for name in _files(kept) if name != marker_path.as_posix()} == set(_files(generated["tree"]))
     check_sdist_layout(kept)  # what `pip install` of it builds: the standalone package

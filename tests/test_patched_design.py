@@ -67,7 +67,7 @@ def test_the_sources_digest_follows_every_item_the_engine_and_the_prototypes_it_
     (copy / "lightning_tests.py").write_text("# the runner of Lightning's tests does not change the package\n")
     assert patched.patch_sources_digest(copy) == with_item
     # the code the series carries into Lightning: the transplant, and the prototype modules it reads
-    for carried in (copy / "transplant.py", tmp_path / "prototypes" / "prefetcher" / "fetcher.py",
+    for carried in (copy / "transplant.py", copy / "stack.py", tmp_path / "prototypes" / "prefetcher" / "fetcher.py",
                     tmp_path / "prototypes" / "lightning_changes" / "draining.py"):
         before = patched.patch_sources_digest(copy)
         carried.write_text(carried.read_text() + "\n# edited\n")

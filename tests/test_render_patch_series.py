@@ -14,9 +14,15 @@ from rendering.results import Inputs  # noqa: E402
 
 
 def inputs_with(tmp_path: Path, *items: dict) -> Inputs:
+    """A summary of ``items`` in one pull request: item 1 and 2 in its first commit, each other in one of its own."""
     results = tmp_path / "results"
     results.mkdir()
-    summary = dict(schema=1, release="9.9.9", items=list(items))
+    grouped = [[i for i in items if i["number"] <= 2], *([i] for i in items if i["number"] > 2)]
+    commits = [dict(subject=f"commit of {[i['number'] for i in group]}", items=[i["number"] for i in group],
+                    files=[f for i in group for f in i["files"]], added=sum(i["added"] for i in group),
+                    removed=sum(i["removed"] for i in group)) for group in grouped if group]
+    summary = dict(schema=1, release="9.9.9", items=list(items),
+                   pull_requests=[dict(title="the one | pull request", commits=commits)])
     (results / code_pointers.PATCH_SUMMARY).write_text(json.dumps(summary))
     return Inputs(rfc_dir=tmp_path, results_dir=results, out_dir=tmp_path, command="render")
 
@@ -31,8 +37,9 @@ def test_the_block_sums_the_series_and_gives_each_patch_its_code_lines_and_messa
     inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1), ("loops/b.py", 2, 0)]),
                          item(2, None, [], part="item 1's code makes it"))
     block = patch_series.block_patch_series(inputs, tmp_path)
-    assert "pytorch-lightning 9.9.9 has 2 patches" in block
-    assert "1 edit Lightning's code, adding 5 lines and removing 1 in 2 files" in block
+    assert "pytorch-lightning 9.9.9 is a stack of 1 pull requests of 1 commits in all" in block
+    assert "1 of the 2 items above edit Lightning's code, adding 5 lines and removing 1 in 2 files" in block
+    assert "| 1. the one \\| pull request | commit of [1, 2] | 1, 2 | +5 −1 |" in block
     assert "| 1 | `patch/items/one.py` | +5 −1 |" in block
     assert "| 2 | no edits of its own: item 1's code makes it | +0 −0 |" in block
     assert "- **2. change 2 \\| piped.** why 2" in block
@@ -88,17 +95,26 @@ def test_the_cost_block_names_the_command_without_results(tmp_path):
     assert patch_series.COST_COMMAND in patch_series.block_patch_cost(inputs, tmp_path)
 
 
-def test_the_block_says_how_many_commits_work_on_their_own_and_why_the_others_fail(tmp_path):
-    inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)]))
-    rows = [dict(item=1, title="one", passed=False, last_line="AttributeError: no | attribute",
-                 known_failure="reads what item 2 adds"),
-            dict(item=2, title="two", passed=True, last_line="", known_failure="")]
+def _prefixes(inputs: Inputs, failing: dict[int, str]) -> str:
+    rows = [dict(commit=n, items=[n], subject=f"commit {n}", passed=n not in failing, last_line=failing.get(n, ""))
+            for n in (1, 2)]
     prefixes = dict(schema=1, release="9.9.9", setup=dict(git_commit="feedface" * 5, git_dirty=False), commits=rows)
     (inputs.results_dir / patch_series.PREFIXES_FILE).write_text(json.dumps(prefixes))
-    block = patch_series.block_patch_series(inputs, tmp_path)
+    return patch_series.block_patch_series(inputs, inputs.out_dir)
+
+
+def test_the_block_says_how_many_commits_work_on_their_own_and_names_those_that_fail(tmp_path):
+    block = _prefixes(inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)])),
+                      {1: "AttributeError: no | attribute"})
     assert "at commit `feedfacefeed`" in block
-    assert "passes after 1 of the 2 commits, so the series is not yet bisectable" in block
-    assert "| 1 | AttributeError: no \\| attribute | reads what item 2 adds |" in block
+    assert "passes after 1 of the 2 commits, so the stack is not yet bisectable" in block
+    assert "| 1. commit 1 | AttributeError: no \\| attribute |" in block
+
+
+def test_the_block_says_every_commit_works_on_its_own_when_each_does(tmp_path):
+    block = _prefixes(inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)])), {})
+    assert "passes after 2 of the 2 commits; CI runs it on every change." in block
+    assert "| Commit | what fails |" not in block
 
 
 def test_the_block_names_the_prefix_command_without_its_results(tmp_path):

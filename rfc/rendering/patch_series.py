@@ -1,5 +1,6 @@
-"""The patch series to Lightning, item by item: what each patch changes, where its code is here, and what a user of
-today's flavour notices. Rendered from ``rfc/results/patch-series.json`` (``python -m patch.series --summary``)."""
+"""The patch to Lightning as a stack of pull requests: their commits, each item's code here and its lines in Lightning,
+whether every commit runs on its own, and what a user of today's flavour notices. Rendered from
+``rfc/results/patch-series.json`` (``python -m patch.series --summary``) and ``patch-prefixes.json``."""
 
 from __future__ import annotations
 
@@ -12,29 +13,41 @@ from rendering.results import Inputs, load_json
 COMMAND = "python -m patch.series --out patches --summary rfc/results/patch-series.json"
 
 
-
 def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     path = inputs.results_dir / PATCH_SUMMARY
     if not path.is_file():
         return no_results("the patch series summary", COMMAND)
     summary = load_json(path)
-    items = summary["items"]
+    items, pull_requests = summary["items"], summary["pull_requests"]
     with_edits = [item for item in items if item["code"]]
     added, removed = sum(i["added"] for i in items), sum(i["removed"] for i in items)
     files = sorted({f["path"] for item in items for f in item["files"]})
+    commits = [commit for pull_request in pull_requests for commit in pull_request["commits"]]
     lines = [
-        f"The series for pytorch-lightning {summary['release']} has {len(items)} patches, one per item of the list"
-        f" above, in its order; {len(with_edits)} edit Lightning's code, adding {added} lines and removing {removed}"
-        f" in {len(files)} files (`{COMMAND}`; `--layout repository` writes it for `src/lightning/pytorch/`).",
+        f"The patch to pytorch-lightning {summary['release']} is a stack of {len(pull_requests)} pull requests of"
+        f" {len(commits)} commits in all, in the order a maintainer would merge them; {len(with_edits)} of the"
+        f" {len(items)} items above edit Lightning's code, adding {added} lines and removing {removed} in"
+        f" {len(files)} files (`{COMMAND}`; `--layout repository` writes it for `src/lightning/pytorch/`). An item"
+        " that needs another to run shares its commit, and an item without code of its own has its CHANGELOG entry"
+        " in the commit whose code makes it, so no commit is empty. Each pull request's directory holds its patches"
+        " and its description: what it changes and why, its commits, what a user notices, how to adapt, its"
+        " CHANGELOG entries.",
         "",
-        "| Item | Code here | Lightning's lines (+/−) |",
-        "| --- | --- | --- |",
+        "| Pull request | Commit | Items | Lightning's lines (+/−) |",
+        "| --- | --- | --- | --- |",
     ]
+    for number, pull_request in enumerate(pull_requests, start=1):
+        for index, commit in enumerate(pull_request["commits"]):
+            title = f"{number}. {cell(pull_request['title'])}" if index == 0 else ""
+            lines.append(f"| {title} | {cell(commit['subject'])} | {', '.join(map(str, commit['items']))} |"
+                         f" +{commit['added']} −{commit['removed']} |")
+    lines += ["", "| Item | Code here | Lightning's lines (+/−) |", "| --- | --- | --- |"]
     for item in items:
         where = code(item["code"]) if item["code"] else f"{no_code_of_its_own(item)}: {item['part']}"
         lines.append(f"| {item['number']} | {where} | +{item['added']} −{item['removed']} |")
     lines += ["", *prefix_lines(inputs)]
-    lines += ["", "What a user of today's flavour notices, patch by patch (each patch's message):", ""]
+    lines += ["", "What a user of today's flavour notices, item by item (each item's part of its commit's message):",
+              ""]
     for item in items:
         lines.append(f"- **{item['number']}. {cell(item['title'])}.** {' '.join(item['why'].split())}")
     return "\n".join(lines)
@@ -45,10 +58,10 @@ PREFIXES_COMMAND = "python -m patch.prefixes --json rfc/results/patch-prefixes.j
 
 
 def prefix_lines(inputs: Inputs) -> list[str]:
-    """Whether each commit of the series works on its own: the smoke run of every prefix (``patch.prefixes``)."""
+    """Whether each commit of the stack works on its own: the smoke run of every prefix (``patch.prefixes``)."""
     path = inputs.results_dir / PREFIXES_FILE
     if not path.is_file():
-        return [no_results("smoke runs of the series' prefixes", PREFIXES_COMMAND)]
+        return [no_results("smoke runs of the stack's prefixes", PREFIXES_COMMAND)]
     data = load_json(path)
     commits = data["commits"]
     failing = [row for row in commits if not row["passed"]]
@@ -57,12 +70,12 @@ def prefix_lines(inputs: Inputs) -> list[str]:
         f"Each commit on its own, applied in order from the first (`{PREFIXES_COMMAND}`, at {revision}): a smoke run"
         " of a regular module and of one taking `dataloader_iter` (each fitted with validation twice per epoch, then"
         f" validated and asked to predict) passes after {len(commits) - len(failing)} of the {len(commits)} commits"
-        + (", so the series is not yet bisectable. The commits that fail, and why:" if failing else "."),
+        + (", so the stack is not yet bisectable. The commits that fail:" if failing else "; CI runs it on every"
+           " change."),
     ]
     if failing:
-        lines += ["", "| Item | what fails | why |", "| --- | --- | --- |"]
-        lines += [f"| {row['item']} | {cell(row['last_line'][:160])} | {cell(row.get('known_failure') or '')} |"
-                  for row in failing]
+        lines += ["", "| Commit | what fails |", "| --- | --- |"]
+        lines += [f"| {row['commit']}. {cell(row['subject'])} | {cell(row['last_line'][:160])} |" for row in failing]
     return lines
 
 
