@@ -114,12 +114,13 @@ def every_prefix(cache: Path = DEFAULT_CACHE, only: set[int] | None = None) -> l
     row per commit run."""
     with tempfile.TemporaryDirectory() as scratch:
         tree = patched_tree(Path(scratch) / "tree", cache)
+        stack = commits(tree)
         git(tree, "checkout", "--quiet", "--detach", RELEASE_TAG)
         passed, last_line = smoke_run(tree)
         if not passed:  # the smoke run must hold for the release, or it tells nothing about the commits
             raise RuntimeError(f"the smoke run fails on pytorch-lightning {RELEASE} as released: {last_line}")
         rows = []
-        for number, (commit, sha) in enumerate(zip(stack_commits(STACK), commits(tree), strict=True), start=1):
+        for number, (commit, sha) in enumerate(zip(stack_commits(STACK), stack, strict=True), start=1):
             if only and number not in only:
                 continue
             git(tree, "checkout", "--quiet", "--detach", sha)
