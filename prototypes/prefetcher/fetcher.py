@@ -88,7 +88,8 @@ class _StepCallHandOut:
 
     def end_step_call(self) -> None:
         """The step call returned; its iterator stays valid until the loop over its dataloader ends. A call that
-        declined the batches left (``StepCall.declined``) ends the data."""
+        declined the batches left (``StepCall.declined``) ends the data. Idempotent: under DDP ``backward_ended``
+        closes the call first, and ``data_ended_after_call`` closes it again."""
         call = self.calls.call
         if call.open and call.declined:
             warn_declined(self.hook_name, self.calls.drop_rest())
@@ -286,7 +287,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
         # answer is then "not done" without the lock
         calls = self.calls
-        if calls.head is not None and not (calls.ranks_vote and (calls.unread_vote is not None or calls.vote_due())):
+        if calls.head is not None and not calls.vote_pending():
             return False
         return calls.peek_on_every_rank() is None
 

@@ -83,13 +83,10 @@ class RanksVoteBetweenCalls:
     available: Callable[..., int]
 
     def peek_on_every_rank(self) -> Produced | None:
-        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended.
-
-        Why: a rank that stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate
-        #2258). The ranks vote once between two step calls (read by whoever asks first, ``done`` or the next call), so
-        all end the epoch at the same call. Why not inside a call: a step need not pull on every rank (a pipeline
-        stage after the first only receives activations), and a vote it does not join would block those that pull.
-        """
+        """The next batch, or None once this rank's data or (under DDP) any rank's data has ended. Why: a rank that
+        stopped alone would leave its peers blocked in the step's gradient all-reduce (Accelerate #2258); the ranks
+        vote once between two calls (read by whoever asks first, ``done`` or the next call), not inside one: a step
+        need not pull on every rank (a pipeline stage after the first only receives activations)."""
         with self.lock:
             self.start_vote()
             if self.unread_vote is None:
@@ -128,9 +125,8 @@ class RanksVoteBetweenCalls:
         """The ranks' vote after a drain call (``drain``'s): whether every rank makes another call over the dataloader.
         It pairs with a peer's vote between two regular calls, where the peer's data ended a call later."""
         head = self.peek()
-        agreed = vote(
-            self.trainer, not ended or head is not None, pulled_ahead=not ended, continues_the_dataloader=not ended
-        )
+        agreed = vote(self.trainer, not ended or head is not None, pulled_ahead=not ended,
+                      continues_the_dataloader=not ended)
         if not agreed.every_rank_has_a_batch:
             self.every_rank_ended()
         return agreed
@@ -157,6 +153,10 @@ class RanksVoteBetweenCalls:
         if self.last_vote is not None and self.voted_before_call == self.call.index:
             return self.last_vote.drains(self.drain_rule)
         return makes_drain_calls(self.drain_rule, self.pulled_ahead())
+
+    def vote_pending(self) -> bool:
+        """Whether the end of data is the ranks' vote now: one started and unread, or one due."""
+        return self.ranks_vote and (self.unread_vote is not None or self.vote_due())
 
     def vote_due(self) -> bool:
         """Where the ranks vote at all (``ranks_vote``: the callers check it first, it is off for most runs), whether
