@@ -7,6 +7,7 @@ SWA and profilers, each compared with stock Lightning's regular flavour on the s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -152,18 +153,32 @@ class RegularTunedModule(_TunedBatchSize, RegularStepModule):
     validation_step = test_step = predict_step = _evaluation_step
 
 
+def _scaled(module: _TunedBatchSize, trainer: pl.Trainer, method: str) -> tuple[int, int, list[int]]:
+    """The size the finder found, the module's batch_size after it, and the sizes the steps saw (the trials, then the
+    run at the size found)."""
+    size = Tuner(trainer).scale_batch_size(module, method=method, init_val=2, steps_per_trial=2)
+    return size, module.batch_size, sorted(set(module.sizes_seen()))
+
+
+@pytest.fixture(scope="module")
+def regular_scaled(tmp_path_factory) -> Callable[[str], tuple[int, int, list[int]]]:
+    """The regular flavour's finder per method, under stock Lightning: the same for every design, so run once."""
+    found: dict[str, tuple[int, int, list[int]]] = {}
+
+    def scaled(method: str) -> tuple[int, int, list[int]]:
+        if method not in found:
+            trainer = stock_trainer(default_root_dir=tmp_path_factory.mktemp(f"regular-{method}"))
+            found[method] = _scaled(RegularTunedModule(), trainer, method)
+        return found[method]
+
+    return scaled
+
+
 @pytest.mark.parametrize("method", ["fit", "validate", "test", "predict"])
 @pytest.mark.filterwarnings("ignore:predict returned None")  # on purpose: the tuned modules' steps return nothing
-def test_scale_batch_size_finds_the_regular_flavours_size(design, method, tmp_path):
-    found = {}
-    for name, module, trainer in (
-        ("flavour", IterStepTunedModule(), make_trainer(design, default_root_dir=tmp_path)),
-        ("regular", RegularTunedModule(), stock_trainer(default_root_dir=tmp_path)),
-    ):
-        size = Tuner(trainer).scale_batch_size(module, method=method, init_val=2, steps_per_trial=2)
-        # the trials, then the run at the size found
-        found[name] = (size, module.batch_size, sorted(set(module.sizes_seen())))
-    assert found["flavour"] == found["regular"], "(size found, module's batch_size, sizes the steps saw)"
+def test_scale_batch_size_finds_the_regular_flavours_size(design, method, tmp_path, regular_scaled):
+    flavour = _scaled(IterStepTunedModule(), make_trainer(design, default_root_dir=tmp_path), method)
+    assert flavour == regular_scaled(method), "(size found, module's batch_size, sizes the steps saw)"
 
 
 # ------------------------------------------------------------------------------------------------ stepping estimates
