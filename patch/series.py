@@ -42,6 +42,7 @@ from pathlib import Path
 
 from patch.edits import LightningSource
 from patch.items import ITEMS
+from patch.repository import Repository, base_tree
 from patch.stack import STACK, PullRequest, check_stack, commit_message, items_of
 from patch.stack import commits as stack_commits
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
@@ -59,7 +60,7 @@ _AUTHOR = ["-c", "user.name=rfc-dataloader-iter", "-c", "user.email=rfc-dataload
 _FORMAT_PATCH = ("--zero-commit", "--no-signature")
 # Any fixed date: a commit's date is in its patch, and a date of generation would change the series' hash each run.
 _COMMIT_DATE = "2000-01-01T00:00:00+0000"
-RELEASE_TAG = "release"  # the sdist as released: the stack's base
+BASE_TAG = "base"  # the sdist as released, or the repository at its commit: the stack's base
 ITEMS_BRANCH = "items"  # one commit per item, in the stack's order: what each item changes
 DESCRIPTION = "DESCRIPTION.md"  # a pull request's description, beside its patches
 CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed")  # Lightning's CHANGELOG's, in its order
@@ -89,19 +90,24 @@ def git(tree: Path, *args: str) -> str:
     ).stdout
 
 
-def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
-    """Unpack the sdist into ``dest`` (a new directory) and commit it as released (tag ``RELEASE_TAG``); apply the
-    items in the stack's order, one commit each (branch ``ITEMS_BRANCH``: what each item changes), then write the
-    stack: one commit per commit of ``patch.stack.STACK`` on the release, each the tree of its last item's commit.
-    Returns the unpacked sdist's root, a git repository whose ``HEAD`` is the stack's last commit."""
+def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE, repository: Repository | None = None) -> Path:
+    """Unpack the sdist into ``dest`` (a new directory), or lay out ``repository`` at its commit as the sdist is laid
+    out (``patch.repository.base_tree``), and commit it (tag ``BASE_TAG``); apply the items in the stack's order, one
+    commit each (branch ``ITEMS_BRANCH``: what each item changes), then write the stack: one commit per commit of
+    ``patch.stack.STACK`` on the base, each the tree of its last item's commit. Returns the tree's root, a git
+    repository whose ``HEAD`` is the stack's last commit."""
     check_stack(STACK, ITEMS)
-    with tarfile.open(download_sdist(cache)) as archive:
-        archive.extractall(dest, filter="data")
-    root = dest / f"pytorch_lightning-{RELEASE}"
+    if repository is None:
+        with tarfile.open(download_sdist(cache)) as archive:
+            archive.extractall(dest, filter="data")
+        root, base = dest / f"pytorch_lightning-{RELEASE}", f"pytorch-lightning {RELEASE}"
+    else:
+        root = base_tree(repository, dest)
+        base = f"Lightning's repository at {repository.full_commit()}"
     git(root, "init", "--quiet")
     git(root, "add", "--all")
-    git(root, "commit", "--quiet", "-m", f"pytorch-lightning {RELEASE} as released (sdist)")
-    git(root, "tag", RELEASE_TAG)
+    git(root, "commit", "--quiet", "-m", f"{base}, laid out as the release's sdist")
+    git(root, "tag", BASE_TAG)
     source = LightningSource(root / PACKAGE_IN_SDIST, "pytorch_lightning")
     last_item_commit = {}
     for commit in stack_commits(STACK):
@@ -112,7 +118,7 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
             git(root, "commit", "--quiet", "--allow-empty", "-m", item.commit_message())
         last_item_commit[commit] = git(root, "rev-parse", "HEAD").strip()
     git(root, "branch", ITEMS_BRANCH)
-    git(root, "checkout", "--quiet", "--detach", RELEASE_TAG)
+    git(root, "checkout", "--quiet", "--detach", BASE_TAG)
     for commit, tree in last_item_commit.items():
         git(root, "read-tree", "-u", "--reset", tree)
         if not git(root, "status", "--porcelain"):
@@ -125,7 +131,7 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE) -> Path:
 def commits(tree: Path, ref: str = "HEAD") -> list[str]:
     """The commits ``patched_tree`` made in ``tree`` after the release, oldest first: the stack's (``HEAD``) or, with
     ``ref=ITEMS_BRANCH``, one per item."""
-    return git(tree, "rev-list", "--reverse", f"{RELEASE_TAG}..{ref}").split()
+    return git(tree, "rev-list", "--reverse", f"{BASE_TAG}..{ref}").split()
 
 
 def _changed_python_files(root: Path) -> list[str]:
@@ -155,7 +161,7 @@ def lightning_style(root: Path, files: list[str]) -> None:
 
 def series_identity(tree: Path) -> str:
     """A hash of the series ``patched_tree`` committed in ``tree``: its patches in the sdist layout, in order."""
-    series = git(tree, "format-patch", *_FORMAT_PATCH, "--stdout", RELEASE_TAG)
+    series = git(tree, "format-patch", *_FORMAT_PATCH, "--stdout", BASE_TAG)
     return f"sha256:{hashlib.sha256(series.encode()).hexdigest()}"
 
 
@@ -302,9 +308,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sdist-cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--tree", type=Path, help="also keep the patched sdist here (replaced if present)")
     parser.add_argument("--summary", type=Path, help="write each item's code here and lines changed (JSON)")
+    parser.add_argument("--repository", type=Path, help="make the stack on this Lightning git directory's --commit")
+    parser.add_argument("--commit", default="HEAD", help="the repository's commit (default: HEAD)")
     args = parser.parse_args(argv)
+    if args.repository and (args.tree or args.summary):
+        parser.error("--tree and --summary describe the stack on the release: leave out --repository")
+    repository = Repository(args.repository, args.commit) if args.repository else None
     with tempfile.TemporaryDirectory() as scratch:
-        tree = patched_tree(Path(scratch), args.sdist_cache)
+        tree = patched_tree(Path(scratch), args.sdist_cache, repository)
         patches = write_series(tree, args.out, args.layout)
         if args.summary:
             args.summary.write_text(json.dumps(summary(tree), indent=1) + "\n")

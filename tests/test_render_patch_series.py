@@ -120,3 +120,29 @@ def test_the_block_says_every_commit_works_on_its_own_when_each_does(tmp_path):
 def test_the_block_names_the_prefix_command_without_its_results(tmp_path):
     block = patch_series.block_patch_series(inputs_with(tmp_path, item(1, None, [])), tmp_path)
     assert patch_series.PREFIXES_COMMAND in block
+
+
+def _master(inputs: Inputs, applied: bool, failing: dict[int, str]) -> str:
+    rows = [dict(commit=n, items=[n], subject=f"commit {n}", passed=n not in failing, last_line=failing.get(n, ""))
+            for n in (1, 2)]
+    git_am = dict(commit="c0ffee" * 7, applied=applied, patches=2, dropped=["docs/a.gif"],
+                  error="" if applied else "Patch failed at 0002 commit 2")
+    master = dict(schema=1, release="9.9.9", setup=dict(git_commit="feedface" * 5, git_dirty=False), commits=rows,
+                  repository=dict(commit="c0ffee" * 7, date="2026-07-20T13:18:29+01:00", subject="Remove | guards",
+                                  git_am=git_am))
+    (inputs.results_dir / patch_series.MASTER_FILE).write_text(json.dumps(master))
+    return patch_series.block_patch_series(inputs, inputs.out_dir)
+
+
+def test_the_block_says_whether_the_stack_applies_to_master_and_runs_there(tmp_path):
+    block = _master(inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)])), True, {})
+    assert "On Lightning's master at `c0ffeec0ff` (2026-07-20, \"Remove \\| guards\")" in block
+    assert "its 2 patches apply with a plain `git am` (the repository mirror used here lacks 1 files" in block
+    assert "`docs/a.gif`" in block and "passes after 2 of the 2 commits on master's code." in block
+
+
+def test_the_block_says_where_the_stack_fails_on_master(tmp_path):
+    block = _master(inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)])), False,
+                    {2: "ImportError: x"})
+    assert "do **not** apply with `git am`" in block and "`git am` says: Patch failed at 0002 commit 2" in block
+    assert "| 2. commit 2 | ImportError: x |" in block

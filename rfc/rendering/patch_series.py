@@ -45,7 +45,7 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     for item in items:
         where = code(item["code"]) if item["code"] else f"{no_code_of_its_own(item)}: {item['part']}"
         lines.append(f"| {item['number']} | {where} | +{item['added']} −{item['removed']} |")
-    lines += ["", *prefix_lines(inputs)]
+    lines += ["", *prefix_lines(inputs), "", *master_lines(inputs)]
     lines += ["", "What a user of today's flavour notices, item by item (each item's part of its commit's message):",
               ""]
     for item in items:
@@ -76,6 +76,38 @@ def prefix_lines(inputs: Inputs) -> list[str]:
     if failing:
         lines += ["", "| Commit | what fails |", "| --- | --- |"]
         lines += [f"| {row['commit']}. {cell(row['subject'])} | {cell(row['last_line'][:160])} |" for row in failing]
+    return lines
+
+
+MASTER_FILE = "patch-prefixes-master.json"
+MASTER_COMMAND = ("python -m patch.prefixes --repository LIGHTNING_GIT_DIR --commit COMMIT"
+                  " --json rfc/results/patch-prefixes-master.json")
+
+
+def master_lines(inputs: Inputs) -> list[str]:
+    """The stack made on Lightning's master: whether ``git am`` applies it there, and the smoke run of each commit."""
+    path = inputs.results_dir / MASTER_FILE
+    if not path.is_file():
+        return [no_results("the stack on Lightning's master", MASTER_COMMAND)]
+    data = load_json(path)
+    repository, commits = data["repository"], data["commits"]
+    applied, failing = repository["git_am"], [row for row in commits if not row["passed"]]
+    dropped = applied["dropped"]
+    lines = [
+        f"On Lightning's master at `{repository['commit'][:10]}` ({repository['date'][:10]}, "
+        f"\"{cell(repository['subject'])}\"), the same items make the stack for the repository (`{MASTER_COMMAND}`,"
+        f" at {commit_text(data['setup']) or 'an unrecorded commit'}): its {applied['patches']} patches "
+        + ("apply with a plain `git am`" if applied["applied"] else "do **not** apply with `git am`")
+        + (f" (the repository mirror used here lacks {len(dropped)} files the stack does not touch, "
+           f"{', '.join(f'`{p}`' for p in dropped)}; they are dropped from the index first)" if dropped else "")
+        + f", and the smoke run passes after {len(commits) - len(failing)} of the {len(commits)} commits"
+        + (" on master's code." if not failing else ". The commits that fail:"),
+    ]
+    if failing:
+        lines += ["", "| Commit | what fails |", "| --- | --- |"]
+        lines += [f"| {row['commit']}. {cell(row['subject'])} | {cell(row['last_line'][:160])} |" for row in failing]
+    if not applied["applied"]:
+        lines += ["", f"`git am` says: {cell(applied['error'][-300:])}"]
     return lines
 
 
