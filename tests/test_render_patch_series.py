@@ -137,7 +137,7 @@ def _master(inputs: Inputs, applied: bool, failing: dict[int, str]) -> str:
 def test_the_block_says_whether_the_stack_applies_to_master_and_runs_there(tmp_path):
     block = _master(inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)])), True, {})
     assert "On Lightning's master at `c0ffeec0ff` (2026-07-20, \"Remove \\| guards\")" in block
-    assert "its 2 patches apply with a plain `git am` (the repository mirror used here lacks `docs/a.gif`" in block
+    assert "apply with a plain `git am` (the repository mirror used here lacks Lightning's 'docs/a.gif'" in block
     assert "passes after 2 of the 2 commits on master's code." in block
 
 

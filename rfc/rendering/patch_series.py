@@ -98,8 +98,9 @@ def master_lines(inputs: Inputs) -> list[str]:
         f"\"{cell(repository['subject'])}\"), the same items make the stack for the repository (`{MASTER_COMMAND}`,"
         f" at {commit_text(data['setup']) or 'an unrecorded commit'}): its {applied['patches']} patches "
         + ("apply with a plain `git am`" if applied["applied"] else "do **not** apply with `git am`")
-        + (f" (the repository mirror used here lacks {', '.join(f'`{p}`' for p in dropped)}, which the stack does"
-           " not touch; dropped from the index first)" if dropped else "")
+        # Lightning's paths, not this repository's: quoted, not in backticks
+        + (f" (the repository mirror used here lacks Lightning's {', '.join(f'{p!r}' for p in dropped)}, which the"
+           " stack does not touch; dropped from the index first)" if dropped else "")
         + f", and the smoke run passes after {len(commits) - len(failing)} of the {len(commits)} commits"
         + (" on master's code." if not failing else ". The commits that fail:"),
     ]
