@@ -10,7 +10,10 @@ counts of each run and every test whose outcome differs between the two runs, cl
 
     python -m patch.lightning_tests --checkout PATH [--commit SHA] [--python STOCK_PY] [--patched-python PATCHED_PY]
         [--out rfc/results/lightning-tests.json] [--select loops trainer ...] [--timeout 120]
-        [--install-test-requirements [--requirements FILE ...]]
+        [--install-test-requirements [--requirements FILE ...]] [--stack-tests]
+
+``--stack-tests`` adds the tests the stack carries into Lightning's tests (``patch/tests_pytorch``) to the copied tree
+and records, per test, its outcome on stock and patched (``stack_tests``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from patch.items import TESTS_HERE
 from patch.lightning_test_differences import classify_report
 
 # Lightning's packages as the repository's tests import them -> as the standalone PyPI packages name them.
@@ -38,6 +42,8 @@ IMPORT_MAPPING = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric
 DEFAULT_SELECTION = ("loops", "trainer", "tuner", "callbacks", "profilers", "checkpointing", "loggers")
 
 TEST_ROOT = Path("tests") / "tests_pytorch"
+# the tests the stack adds, each module a path under TEST_ROOT (run as a selection of its own)
+STACK_TEST_MODULES = tuple(sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("test_*.py")))
 # The legacy-checkpoint tests read their version list from here.
 LEGACY_ROOT = Path("tests") / "legacy"
 # What Lightning's CPU CI installs for its tests, less the distributed strategies' packages (DeepSpeed): the test
@@ -99,13 +105,16 @@ def copy_rewritten(source: Path, destination: Path) -> int:
     return changed
 
 
-def prepare_tree(checkout: Path, destination: Path) -> int:
-    """Lay out the checkout's tests under ``destination`` as the repository does, with the imports rewritten.
+def prepare_tree(checkout: Path, destination: Path, with_stack_tests: bool = False) -> int:
+    """Lay out the checkout's tests under ``destination`` as the repository does, with the imports rewritten, and the
+    tests the stack adds (``patch/tests_pytorch``) among them where ``with_stack_tests``.
 
     ``tests/`` has no ``__init__.py``, so pytest puts it on ``sys.path`` and ``tests_pytorch.helpers`` imports; the
     checkout's ``pyproject.toml`` carries Lightning's pytest options (strict markers, warning filters, strict xfail).
     """
     changed = copy_rewritten(checkout / TEST_ROOT, destination / TEST_ROOT)
+    if with_stack_tests:
+        changed += copy_rewritten(TESTS_HERE, destination / TEST_ROOT)
     if (checkout / LEGACY_ROOT).is_dir():
         changed += copy_rewritten(checkout / LEGACY_ROOT, destination / LEGACY_ROOT)
     shutil.copy2(checkout / "pyproject.toml", destination / "pyproject.toml")
@@ -302,6 +311,26 @@ def run_summary(python: str, run: dict) -> dict:
     }
 
 
+def stack_test_ids() -> list[str]:
+    """The ids (as the runner's junit names them) of the test modules the stack adds: ``tests.tests_pytorch.<module>``
+    prefixes, one per module."""
+    return [f"tests.tests_pytorch.{module.removesuffix('.py').replace('/', '.')}" for module in STACK_TEST_MODULES]
+
+
+def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict[str, str]]:
+    """Each test of the stack's modules with its outcome on the two builds, and whether it shows the change: failed
+    (or errored) on stock and passed on the stack."""
+    prefixes = tuple(f"{module}::" for module in stack_test_ids())
+    rows = []
+    for test_id in sorted(set(stock) | set(patched)):
+        if test_id.startswith(prefixes):
+            before = stock[test_id].outcome if test_id in stock else "absent"
+            after = patched[test_id].outcome if test_id in patched else "absent"
+            rows.append(dict(test=test_id, stock=before, patched=after,
+                             shows_the_change=before in ("failed", "error") and after == "passed"))
+    return rows
+
+
 def checkout_commit(checkout: Path, given: str | None) -> str:
     if given:
         return given
@@ -316,11 +345,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--python", default=sys.executable, help="the interpreter with stock pytorch_lightning")
     parser.add_argument("--patched-python", help="the interpreter with the patched pytorch_lightning")
     parser.add_argument("--out", type=Path, default=Path("rfc/results/lightning-tests.json"))
-    parser.add_argument("--select", nargs="+", default=list(DEFAULT_SELECTION),
+    parser.add_argument("--select", nargs="*", default=list(DEFAULT_SELECTION),
                         help="directories (or files) under tests/tests_pytorch")
     parser.add_argument("--timeout", type=int, default=PER_TEST_TIMEOUT_S, help="per-test timeout in seconds")
     parser.add_argument("--install-test-requirements", action="store_true",
                         help="pip-install the packages of the --requirements files each environment lacks")
+    parser.add_argument("--stack-tests", action="store_true",
+                        help="also run the tests the stack adds (patch/tests_pytorch): each must fail on stock and pass"
+                             " patched")
     parser.add_argument("--requirements", nargs="+", default=list(TEST_REQUIREMENTS),
                         help="requirement files in the checkout that --install-test-requirements reads")
     return parser.parse_args(argv)
@@ -344,10 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     with tempfile.TemporaryDirectory(prefix="lightning-tests-") as scratch:
         tree = Path(scratch)
-        print(f"rewrote the imports of {prepare_tree(args.checkout, tree)} files under {tree}", flush=True)
+        changed = prepare_tree(args.checkout, tree, args.stack_tests)
+        print(f"rewrote the imports of {changed} files under {tree}", flush=True)
         report["legacy_checkpoints"] = prepare_legacy_checkpoints(args.python, tree)
+        selection = [*args.select, *(STACK_TEST_MODULES if args.stack_tests else ())]
         for label, python in interpreters.items():
-            runs[label] = run_selection(python, tree, args.select, label, args.timeout)
+            runs[label] = run_selection(python, tree, selection, label, args.timeout)
             report["runs"][label] = run_summary(python, runs[label])
     stock = runs["stock"]["outcomes"]
     report["tests_run"] = report["runs"]["stock"]["counts"]["ran"]
@@ -355,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         patched = runs["patched"]["outcomes"]
         report["passed_on_both"] = passed_on_both(stock, patched)
         report["differences"] = diff_outcomes(stock, patched)
+        if args.stack_tests:
+            report["stack_tests"] = judge_stack_tests(stock, patched)
+            report["differences"] = [row for row in report["differences"]
+                                     if not row["test"].startswith(tuple(stack_test_ids()))]
         for key in classify_report(report):
             print(f"stale: {key} names no difference: remove it from patch.lightning_test_differences", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

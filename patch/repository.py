@@ -23,6 +23,7 @@ STANDALONE_NAMES = (
 )
 PACKAGES = (("src/lightning/pytorch", "src/pytorch_lightning"), ("src/lightning/fabric", "src/lightning_fabric"))
 TEXT_SUFFIXES = (".py", ".md", ".pyi")
+TESTS = "tests/tests_pytorch"
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,13 @@ def to_standalone_layout(text: str) -> str:
 
 
 def base_tree(repository: Repository, dest: Path) -> Path:
-    """The repository's packages at the commit, laid out and named as the sdist's, with its ``pyproject.toml`` (its
-    ruff configuration), in ``dest`` (a new directory); returns the tree's root. Where a file names the standalone
-    packages itself (an old CHANGELOG entry), ``patch.series.to_repository_layout`` would not bring its lines back:
-    ``git_am`` is what tells whether the patches apply."""
+    """The repository's packages at the commit, laid out and named as the sdist's, with its tests (as they are) and
+    its ``pyproject.toml`` (its ruff configuration), in ``dest`` (a new directory); returns the tree's root. Where a
+    file names the standalone packages itself (an old CHANGELOG entry), ``patch.series.to_repository_layout`` would
+    not bring its lines back: ``git_am`` is what tells whether the patches apply."""
     archive = subprocess.run(
         ["git", "--git-dir", str(repository.git_dir), "archive", "--format=tar", repository.commit,
-         *(unified for unified, _ in PACKAGES), "pyproject.toml"],
+         *(unified for unified, _ in PACKAGES), TESTS, "pyproject.toml"],
         check=True, capture_output=True,
     ).stdout
     unpacked = dest / "repository"
@@ -62,6 +63,8 @@ def base_tree(repository: Repository, dest: Path) -> Path:
     root = dest / f"lightning-{repository.commit[:12]}"
     (root / "src").mkdir(parents=True)
     (unpacked / "pyproject.toml").rename(root / "pyproject.toml")
+    (root / TESTS).parent.mkdir()
+    (unpacked / TESTS).rename(root / TESTS)  # as the repository has them: the items' tests are written so
     for unified, standalone in PACKAGES:
         for path in sorted((unpacked / unified).rglob("*")):
             if not path.is_file():

@@ -28,6 +28,7 @@ patches (and the same hash).
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import inspect
 import json
@@ -41,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 from patch.edits import LightningSource
-from patch.items import ITEMS
+from patch.items import ITEMS, TESTS_HERE, Item
 from patch.repository import Repository, base_tree
 from patch.stack import STACK, PullRequest, check_stack, commit_message, items_of
 from patch.stack import commits as stack_commits
@@ -49,6 +50,7 @@ from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 RELEASE = "2.6.6"
 PACKAGE_IN_SDIST = Path("src") / "pytorch_lightning"
+LIGHTNING_TESTS = Path("tests") / "tests_pytorch"
 DEFAULT_CACHE = Path.home() / ".cache" / "rfc-dataloader-iter" / "sdist"
 # The standalone packages' names -> the repository's (the release process renames the other way).
 REPOSITORY_NAMES = (
@@ -109,10 +111,11 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE, repository: Repository
     git(root, "commit", "--quiet", "-m", f"{base}, laid out as the release's sdist")
     git(root, "tag", BASE_TAG)
     source = LightningSource(root / PACKAGE_IN_SDIST, "pytorch_lightning")
+    tests_root = root / LIGHTNING_TESTS  # a repository's, not the sdist's
     last_item_commit = {}
     for commit in stack_commits(STACK):
         for item in items_of(commit, ITEMS):
-            item.apply(source)
+            item.apply(source, tests_root if tests_root.is_dir() else None)
             lightning_style(root, _changed_python_files(root))
             git(root, "add", "--all")
             git(root, "commit", "--quiet", "--allow-empty", "-m", item.commit_message())
@@ -143,16 +146,26 @@ def _changed_python_files(root: Path) -> list[str]:
 def lightning_style(root: Path, files: list[str]) -> None:
     """What Lightning's pre-commit hooks do to a file before it is committed: ``ruff check --fix --unsafe-fixes``,
     then ``ruff format``, with the ruff this project pins (the version Lightning's hooks pin) and the configuration
-    of the sdist's own ``pyproject.toml`` (Lightning's: 120 columns, its rule selection). Raises, with the findings,
+    of the tree's own ``pyproject.toml`` (Lightning's: 120 columns, its rule selection). Raises, with the findings,
     where a finding remains that no fix removes: the item's code must change."""
-    if not files:
-        return
+    tests = [name for name in files if Path(name).is_relative_to(LIGHTNING_TESTS)]
+    for group, options in ((sorted(set(files) - set(tests)), ()), (tests, REPOSITORY_FIRST_PARTY)):
+        if group:
+            _ruff(root, group, options)
+
+
+# Why for the tests: they import `lightning`, which ruff takes for first-party in Lightning's repository (it finds
+# `src/lightning` there) and for third-party in a tree laid out as the sdist, where it would order imports otherwise
+REPOSITORY_FIRST_PARTY = ("--config", 'lint.isort.known-first-party = ["lightning"]')
+
+
+def _ruff(root: Path, files: list[str], options: tuple[str, ...]) -> None:
     ruff = [sys.executable, "-m", "ruff"]
     no_cache = "--no-cache"  # the tree is committed whole
-    subprocess.run([*ruff, "check", no_cache, "--quiet", "--fix", "--unsafe-fixes", "--exit-zero", *files], cwd=root,
-                   check=True)
-    subprocess.run([*ruff, "format", no_cache, "--quiet", *files], cwd=root, check=True)
-    remaining = subprocess.run([*ruff, "check", no_cache, "--output-format", "concise", *files], cwd=root,
+    subprocess.run([*ruff, "check", no_cache, *options, "--quiet", "--fix", "--unsafe-fixes", "--exit-zero", *files],
+                   cwd=root, check=True)
+    subprocess.run([*ruff, "format", no_cache, *options, "--quiet", *files], cwd=root, check=True)
+    remaining = subprocess.run([*ruff, "check", no_cache, *options, "--output-format", "concise", *files], cwd=root,
                                capture_output=True, text=True)
     if remaining.returncode:
         raise RuntimeError(f"Lightning's ruff rules find what no fix removes; change the item's code:\n"
@@ -239,12 +252,14 @@ def _files_cell(files: list[dict]) -> str:
 
 
 def _numstat(tree: Path, commit: str) -> list[dict]:
-    """The lines ``commit`` adds to and removes from each file (paths relative to the package)."""
+    """The lines ``commit`` adds to and removes from each file (paths relative to the package; a test's, to the
+    tree)."""
     files = []
     for line in git(tree, "show", "--numstat", "--format=", commit).splitlines():
         added, removed, path = line.split("\t")
-        files.append({"path": str(Path(path).relative_to(PACKAGE_IN_SDIST)), "added": int(added),
-                      "removed": int(removed)})
+        in_package = Path(path).is_relative_to(PACKAGE_IN_SDIST)
+        files.append({"path": str(Path(path).relative_to(PACKAGE_IN_SDIST)) if in_package else path,
+                      "added": int(added), "removed": int(removed)})
     return files
 
 
@@ -262,11 +277,27 @@ def describe(number: int, pull_request: PullRequest, rows: list[dict]) -> str:
     lines += ["", "## What a user notices", ""]
     lines += [f"- **{item.title}** (the RFC's change list, item {item.number}). {' '.join(item.why.split())}"
               for item in made]
-    lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), "", "## CHANGELOG", ""]
+    lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), "", "## Tests", "", *_tests_lines(made),
+              "", "## CHANGELOG", ""]
     for heading in CHANGELOG_SECTIONS:
         entries = [entry for item in made for section, entry in item.changelog if section == heading]
         lines += [f"### {heading}", "", *(f"- {entry}" for entry in entries), ""] if entries else []
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _tests_lines(made: list[Item]) -> list[str]:
+    """The test modules the items add to Lightning's tests, with their tests (read from ``patch/tests_pytorch``)."""
+    modules = [module for item in made for module in item.tests]
+    if not modules:
+        return ["No test of its own under `tests/tests_pytorch` yet."]
+    lines = [f"In `{LIGHTNING_TESTS.as_posix()}` (the stack made on Lightning's repository carries them; the sdist has"
+             " no tests); `python -m patch.lightning_tests --stack-tests` runs each on stock and on the stack, where it"
+             " must fail and pass:"]
+    for module in modules:
+        tree = ast.parse((TESTS_HERE / module).read_text())
+        names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+        lines.append(f"- `{module}`: {', '.join(f'`{name}`' for name in names)}")
+    return lines
 
 
 def summary(tree: Path) -> dict:

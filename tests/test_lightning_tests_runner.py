@@ -9,15 +9,18 @@ import pytest
 
 from patch.lightning_test_differences import Deliberate, Regression, classify, classify_report
 from patch.lightning_tests import (
+    STACK_TEST_MODULES,
     Outcome,
     copy_rewritten,
     count_outcomes,
     diff_outcomes,
+    judge_stack_tests,
     missing_requirements,
     parse_junit,
     passed_on_both,
     requirement_name,
     rewrite_imports,
+    stack_test_ids,
     versions_with_checkpoints,
 )
 
@@ -203,3 +206,16 @@ def test_the_committed_report_classifies_every_difference_as_the_declared_list_d
     assert classify_report(reclassified) == [], "stale entries: python -m patch.lightning_test_differences"
     assert reclassified == report, "not classified as declared: run python -m patch.lightning_test_differences"
     assert all(d["classification"] != "unclassified" for d in report.get("differences", []))
+
+
+def test_the_stack_tests_are_the_modules_written_for_lightning_and_each_is_judged_by_both_runs():
+    assert STACK_TEST_MODULES and all(module.endswith(".py") for module in STACK_TEST_MODULES)
+    module = stack_test_ids()[0]
+    stock = {f"{module}::test_new": Outcome("failed", "boom"), f"{module}::test_kept": Outcome("passed"),
+             "tests.tests_pytorch.loops.test_loops::test_other": Outcome("passed")}
+    patched = {f"{module}::test_new": Outcome("passed"), f"{module}::test_kept": Outcome("passed"),
+               "tests.tests_pytorch.loops.test_loops::test_other": Outcome("passed")}
+    assert judge_stack_tests(stock, patched) == [
+        dict(test=f"{module}::test_kept", stock="passed", patched="passed", shows_the_change=False),
+        dict(test=f"{module}::test_new", stock="failed", patched="passed", shows_the_change=True),
+    ]

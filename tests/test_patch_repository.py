@@ -30,10 +30,11 @@ def _git(cwd: Path, *args: str) -> str:
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Repository:
-    """A bare repository of a work tree holding the two packages, a pyproject and a binary docs file."""
+    """A bare repository of a work tree holding the two packages, a test, a pyproject and a binary docs file."""
     work = tmp_path / "work"
     for path, text in (("src/lightning/pytorch/loops/module.py", MODULE),
                        ("src/lightning/fabric/__init__.py", '"""Fabric."""\n'),
+                       ("tests/tests_pytorch/loops/test_module.py", MODULE),
                        ("pyproject.toml", "[tool.ruff]\nline-length = 120\n")):
         (work / path).parent.mkdir(parents=True, exist_ok=True)
         (work / path).write_text(text)
@@ -63,6 +64,7 @@ def test_the_base_is_the_repository_laid_out_as_the_sdist_and_comes_back_by_the_
     assert "lightning.pytorch" not in standalone and "lightning.fabric" not in standalone
     assert to_repository_layout(standalone) == MODULE
     assert (root / "src/lightning_fabric/__init__.py").is_file() and (root / "pyproject.toml").is_file()
+    assert (root / "tests/tests_pytorch/loops/test_module.py").read_text() == MODULE  # the tests as they are
     assert to_standalone_layout("lightning.pytorchx, mylightning.pytorch") == "lightning.pytorchx, mylightning.pytorch"
 
 

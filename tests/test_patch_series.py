@@ -25,7 +25,7 @@ import pytest
 import patch.series as series
 from patch.edits import LINE_LENGTH
 from patch.environment import BuildError, check_sdist_layout, marker_series
-from patch.items import ITEMS, Item
+from patch.items import ITEMS, TESTS_HERE, Item
 from patch.stack import STACK, Commit, PullRequest, check_stack, commit_message
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
@@ -117,16 +117,17 @@ def test_one_directory_per_pull_request_with_its_commits_numbered_through_the_st
         assert "\ndiff --git " in path.read_text(), f"{path.name} is empty"
 
 
-def test_each_description_gives_its_commits_what_a_user_notices_how_to_adapt_and_the_changelog(generated):
+def test_each_description_gives_its_commits_what_a_user_notices_how_to_adapt_its_tests_and_changelog(generated):
     for directory, pull_request in zip(sorted({p.parent for p in generated["sdist"]}), generated["stack"], strict=True):
         text = (directory / series.DESCRIPTION).read_text()
         assert text.startswith(f"# {pull_request.title}\n"), directory.name
-        for heading in ("## Commits", "## What a user notices", "## How to adapt", "## CHANGELOG"):
+        for heading in ("## Commits", "## What a user notices", "## How to adapt", "## Tests", "## CHANGELOG"):
             assert f"\n{heading}\n" in text, (directory.name, heading)
         made = [item for commit in pull_request.commits for item in generated["items"]
                 if item.number in commit.items]
         assert all(f"**{item.title}**" in text for item in made), directory.name
         assert all(" ".join(entry.split()) in text for item in made for _, entry in item.changelog), directory.name
+        assert all(f"- `{module}`: `test_" in text for item in made for module in item.tests), directory.name
 
 
 def test_a_stack_that_misplaces_an_item_or_makes_an_empty_commit_is_refused(generated, monkeypatch, tmp_path):
@@ -240,3 +241,9 @@ def test_a_tree_without_the_marker_from_other_sources_or_with_another_package_is
     (tmp_path / "src" / "lightning").mkdir()
     with pytest.raises(BuildError, match=r"not the sdist's \['lightning_fabric', 'pytorch_lightning'\]"):
         check_sdist_layout(tmp_path)
+
+
+def test_every_test_module_written_for_lightning_belongs_to_exactly_one_item():
+    claimed = [module for item in ITEMS for module in item.tests]
+    written = sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("test_*.py"))
+    assert sorted(claimed) == written, "name each module of patch/tests_pytorch in the `tests` of the item it tests"

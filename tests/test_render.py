@@ -667,3 +667,21 @@ def test_lightning_tests_block_shows_both_runs_and_every_difference_with_its_cla
     assert "- `trainer.test_new::test_x`: passed on stock, failed patched; **unclassified**:" in text
     assert "**Stale classifications:** `tests_pytorch.gone::test_old`" in text
     assert run(rfc, "--check").returncode == 0
+
+
+def test_the_stack_tests_block_counts_those_that_show_their_change_and_lists_the_others(rfc):
+    marker = "<!-- BEGIN GENERATED: lightning-stack-tests -->\n<!-- END GENERATED: lightning-stack-tests -->\n"
+    (rfc / "page.md").write_text(marker)
+    assert run(rfc).returncode == 0
+    assert "No results of the tests the stack adds yet" in (rfc / "page.md").read_text()
+    module = "tests.tests_pytorch.loops.test_dataloader_iter_fetcher"
+    results = lightning_tests_results()
+    results["stack_tests"] = [
+        {"test": f"{module}::test_counts", "stock": "failed", "patched": "passed", "shows_the_change": True},
+        {"test": f"{module}::test_done", "stock": "passed", "patched": "passed", "shows_the_change": False},
+    ]
+    (rfc / "results" / "lightning-stack-tests.json").write_text(json.dumps(results))
+    assert run(rfc).returncode == 0
+    text = (rfc / "page.md").read_text()
+    assert "2 tests in 1 modules, of which **1 fail on stock pytorch-lightning" in text
+    assert "| `loops.test_dataloader_iter_fetcher::test_done` | passed | passed |" in text

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from patch.edits import LightningSource
+
+# the items' tests, at the paths they take under Lightning's tests/tests_pytorch
+TESTS_HERE = Path(__file__).resolve().parent.parent / "tests_pytorch"
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,9 @@ class Item:
     notices. ``apply_edits`` is None for an item whose change is not in Lightning's code; ``why`` then says so.
     ``part`` names what the patch makes when it makes only part of the item (the RFC's list says so beside it).
     ``changelog``: the item's entries in Lightning's ``CHANGELOG.md``, each ``(section, entry)`` (``"Added"``,
-    ``"Changed"``, ``"Fixed"``), what a user reads in the release notes."""
+    ``"Changed"``, ``"Fixed"``), what a user reads in the release notes. ``tests``: the test modules the item adds to
+    Lightning's ``tests/tests_pytorch`` (paths under it), written here in ``patch/tests_pytorch/`` at the same paths;
+    they go where Lightning's tests are, so into the stack made on Lightning's repository (the sdist has none)."""
 
     number: int
     title: str
@@ -27,12 +33,18 @@ class Item:
     apply_edits: Callable[[LightningSource], None] | None = None
     part: str = ""
     changelog: tuple[tuple[str, str], ...] = ()
+    tests: tuple[str, ...] = ()
 
-    def apply(self, source: LightningSource) -> None:
+    def apply(self, source: LightningSource, tests_root: Path | None = None) -> None:
+        """The item's edits and CHANGELOG entries; its tests too where ``tests_root`` (the tree's
+        ``tests/tests_pytorch``) is given."""
         if self.apply_edits is not None:
             self.apply_edits(source)
         for section, entry in self.changelog:
             source.add_changelog_entry(section, entry)
+        for test in self.tests if tests_root is not None else ():
+            (tests_root / test).parent.mkdir(parents=True, exist_ok=True)
+            (tests_root / test).write_text((TESTS_HERE / test).read_text())
 
     def commit_message(self) -> str:
         return f"[RFC {self.number}] {self.title}\n\n{self.why.strip()}\n"

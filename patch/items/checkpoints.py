@@ -58,4 +58,5 @@ several batches is recognised as such.
             'as of the batches the step consumed, and resuming from it restores `batch_idx`'
         )),
     ),
+    tests=("checkpointing/test_dataloader_iter_resume.py",),
 )

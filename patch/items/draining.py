@@ -89,4 +89,5 @@ travels in the vote between the calls (no collective of its own).
             ' no work, so that a pipelining step trains the batches it holds'
         )),
     ),
+    tests=("loops/test_dataloader_iter_drain.py",),
 )

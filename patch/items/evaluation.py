@@ -134,4 +134,5 @@ joins the run's logged aggregates, a prediction drain call's prediction joins th
             "ahead, calls after the dataloader's last batch until it holds none"
         )),
     ),
+    tests=("loops/test_dataloader_iter_evaluation.py",),
 )

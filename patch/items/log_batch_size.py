@@ -47,4 +47,5 @@ asked for when a batch's size cannot be inferred.
             "consumed, without `batch_size=`"
         )),
     ),
+    tests=("core/test_dataloader_iter_log.py",),
 )

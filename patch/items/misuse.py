@@ -66,4 +66,5 @@ now a RuntimeError that says so.
             "is a `RuntimeError` instead of the silent end of the epoch"
         )),
     ),
+    tests=("loops/test_dataloader_iter_misuse.py",),
 )

@@ -36,4 +36,5 @@ gets for the flavour, a drain call's `batch=None` and `batch_idx=None` included.
             "indices of every batch each call consumed"
         )),
     ),
+    tests=("callbacks/test_prediction_writer_dataloader_iter.py",),
 )

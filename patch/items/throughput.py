@@ -35,4 +35,5 @@ batches and samples of a step taking two. It now adds each batch the running cal
             "consumed"
         )),
     ),
+    tests=("callbacks/test_throughput_monitor_dataloader_iter.py",),
 )

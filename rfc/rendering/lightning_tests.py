@@ -107,3 +107,37 @@ def block_lightning_tests(inputs: Inputs, page_dir: Path) -> str:
     """Lightning's own tests on stock and on the patched build, every difference classified."""
     path = inputs.results_dir / RESULTS_FILE
     return lightning_tests_block(load_json(path) if path.is_file() else None)
+
+
+STACK_TESTS_FILE = "lightning-stack-tests.json"
+STACK_TESTS_COMMAND = (
+    "python -m patch.lightning_tests --checkout LIGHTNING --python STOCK_PY --patched-python PATCHED_PY --select"
+    " --stack-tests --out rfc/results/lightning-stack-tests.json"
+)
+
+
+def block_lightning_stack_tests(inputs: Inputs, page_dir: Path) -> str:
+    """The tests the stack adds to Lightning's tests: each one's outcome on stock and with the stack."""
+    path = inputs.results_dir / STACK_TESTS_FILE
+    if not path.is_file():
+        return no_results("results of the tests the stack adds", STACK_TESTS_COMMAND)
+    results = load_json(path)
+    rows = results.get("stack_tests") or []
+    showing = [row for row in rows if row["shows_the_change"]]
+    modules = sorted({row["test"].split("::")[0] for row in rows})
+    versions = results["runs"]["stock"]["versions"]
+    summary = (
+        f"The tests the stack adds to Lightning's `tests/tests_pytorch` (`patch/tests_pytorch/`, run among the tests"
+        f" at commit `{results['checkout']['commit'][:12]}`: `{STACK_TESTS_COMMAND}`): {len(rows)} tests in"
+        f" {len(modules)} modules, of which **{len(showing)} fail on stock pytorch-lightning"
+        f" {versions['pytorch_lightning']} and pass with the stack**"
+        + ("." if len(showing) == len(rows) else "; the others do not show the change they test:")
+    )
+    others = [row for row in rows if not row["shows_the_change"]]
+    if not others:
+        return summary
+    return summary + "\n\n" + table(
+        ["test", "stock", "with the stack"],
+        [[code(row["test"].removeprefix(TEST_PREFIX)), row["stock"], row["patched"]] for row in others],
+    )
+

@@ -1,0 +1,36 @@
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+from torch.utils.data import DataLoader
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+
+
+class ReadsItsDataloaderToTheEnd(BoringModel):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def validation_step(self, dataloader_iter):
+        taken = [dataloader_idx for _, _, dataloader_idx in dataloader_iter]
+        self.calls.append(taken)
+
+
+def test_each_evaluation_dataloader_gets_an_iterator_of_its_own(tmp_path):
+    model = ReadsItsDataloaderToTheEnd()
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    loaders = [DataLoader(RandomDataset(32, 4), batch_size=2), DataLoader(RandomDataset(32, 6), batch_size=2)]
+    trainer.validate(model, loaders)
+
+    assert model.calls == [[0, 0], [1, 1, 1]]
