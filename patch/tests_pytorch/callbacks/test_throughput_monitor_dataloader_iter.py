@@ -47,4 +47,4 @@ def test_throughput_monitor_counts_every_batch_a_dataloader_iter_step_took(tmp_p
     trainer.fit(TwoBatchesPerStep(), DataLoader(RandomDataset(32, 16), batch_size=2))
 
     last = logger.log_metrics.call_args_list[-1].kwargs["metrics"]
-    assert (last["train|batches"], last["train|samples"]) == (8, 16)
+    assert (last["train/batches"], last["train/samples"]) == (8, 16)

@@ -21,7 +21,6 @@ from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 def _trainer(tmp_path, **kwargs):
     return Trainer(
         default_root_dir=tmp_path,
-        max_epochs=1,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

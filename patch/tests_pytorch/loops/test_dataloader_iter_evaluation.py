@@ -33,4 +33,5 @@ def test_each_evaluation_dataloader_gets_an_iterator_of_its_own(tmp_path):
     loaders = [DataLoader(RandomDataset(32, 4), batch_size=2), DataLoader(RandomDataset(32, 6), batch_size=2)]
     trainer.validate(model, loaders)
 
-    assert model.calls == [[0, 0], [1, 1, 1]]
+    # a call that found its dataloader's iterator exhausted (a drain call, which takes nothing) is left out
+    assert [taken for taken in model.calls if taken] == [[0, 0], [1, 1, 1]]

@@ -67,15 +67,6 @@ def test_batch_progress_counts_the_batches_the_step_consumed(tmp_path):
     assert model.batch_start_indices == [0, 2]
 
 
-def test_limit_train_batches_counts_batches_not_step_calls(tmp_path):
-    model = TwoBatchesPerStep()
-    trainer = _trainer(tmp_path, limit_train_batches=4)
-    trainer.fit(model, DataLoader(RandomDataset(32, 16), batch_size=2))
-
-    assert model.consumed == [0, 1, 2, 3]
-    assert trainer.global_step == 2
-
-
 def test_batches_pass_the_transfer_hooks(tmp_path):
     model = TwoBatchesPerStep()
     trainer = _trainer(tmp_path)
