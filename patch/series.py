@@ -292,7 +292,7 @@ def _tests_lines(made: list[Item]) -> list[str]:
         return ["No test of its own under `tests/tests_pytorch` yet."]
     lines = [f"In `{LIGHTNING_TESTS.as_posix()}` (the stack made on Lightning's repository carries them; the sdist has"
              " no tests); `python -m patch.lightning_tests --stack-tests` runs each on stock and on the stack, where it"
-             " must fail and pass:"]
+             " must fail and pass:", ""]
     for module in modules:
         tree = ast.parse((TESTS_HERE / module).read_text())
         names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
