@@ -154,9 +154,10 @@ def lightning_style(root: Path, files: list[str]) -> None:
             _ruff(root, group, options)
 
 
-# Why for the tests: they import `lightning`, which ruff takes for first-party in Lightning's repository (it finds
-# `src/lightning` there) and for third-party in a tree laid out as the sdist, where it would order imports otherwise
-REPOSITORY_FIRST_PARTY = ("--config", 'lint.isort.known-first-party = ["lightning"]')
+# Why for the tests: they import `lightning` and their helpers' `tests_pytorch`, which ruff takes for first-party in
+# Lightning's repository (it finds `src/lightning` there, and the tests run from `tests/`) and for third-party in a
+# tree laid out as the sdist, where it would order the imports otherwise
+REPOSITORY_FIRST_PARTY = ("--config", 'lint.isort.known-first-party = ["lightning", "tests_pytorch"]')
 
 
 def _ruff(root: Path, files: list[str], options: tuple[str, ...]) -> None:

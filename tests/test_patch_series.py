@@ -245,5 +245,5 @@ def test_a_tree_without_the_marker_from_other_sources_or_with_another_package_is
 
 def test_every_test_module_written_for_lightning_belongs_to_exactly_one_item():
     claimed = [module for item in ITEMS for module in item.tests]
-    written = sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("test_*.py"))
+    written = sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("*.py"))
     assert sorted(claimed) == written, "name each module of patch/tests_pytorch in the `tests` of the item it tests"

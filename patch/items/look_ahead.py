@@ -212,5 +212,5 @@ filter it or make it an error by its category.
             "`training_step(dataloader_iter)` call cut short by the end of the data gives"
         )),
     ),
-    tests=("loops/test_dataloader_iter_fetcher.py",),
+    tests=("helpers/dataloader_iter.py", "loops/test_dataloader_iter_fetcher.py"),
 )

@@ -13,37 +13,18 @@
 # limitations under the License.
 from unittest.mock import Mock
 
-import torch
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ThroughputMonitor
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from lightning.pytorch.demos.boring_classes import RandomDataset
+from tests_pytorch.helpers.dataloader_iter import TwoBatchesPerStep, quiet_trainer
 
 
 def test_throughput_monitor_counts_every_batch_a_dataloader_iter_step_took(tmp_path):
-    class TwoBatchesPerStep(BoringModel):
-        def training_step(self, dataloader_iter):
-            losses = []
-            for _ in range(2):
-                batch, _, _ = next(dataloader_iter)
-                losses.append(self.step(batch))
-            return torch.stack(losses).mean()
-
     logger = Mock()
     logger.save_dir = tmp_path
     monitor = ThroughputMonitor(batch_size_fn=lambda batch: batch.size(0))
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=1,
-        limit_val_batches=0,
-        log_every_n_steps=1,
-        callbacks=[monitor],
-        logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path, log_every_n_steps=1, callbacks=[monitor], logger=logger)
     trainer.fit(TwoBatchesPerStep(), DataLoader(RandomDataset(32, 16), batch_size=2))
 
     last = logger.log_metrics.call_args_list[-1].kwargs["metrics"]

@@ -12,55 +12,36 @@
 # See the License for the specific language governing permissions and
 # limitations under the License.
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from lightning.pytorch.demos.boring_classes import RandomDataset
+from tests_pytorch.helpers.dataloader_iter import TwoBatchesPerStep, quiet_trainer
 
 
-class TwoBatchesPerStep(BoringModel):
+class FailsAtCall(TwoBatchesPerStep):
     def __init__(self, fail_at_call=None):
         super().__init__()
         self.fail_at_call = fail_at_call
         self.calls = 0
-        self.consumed = []
 
     def training_step(self, dataloader_iter):
         self.calls += 1
         if self.calls == self.fail_at_call:
             raise RuntimeError("crash")
-        losses = []
-        for _ in range(2):
-            batch, batch_idx, _ = next(dataloader_iter)
-            self.consumed.append(batch_idx)
-            losses.append(self.step(batch))
-        return torch.stack(losses).mean()
-
-
-def _trainer(tmp_path, **kwargs):
-    return Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+        return super().training_step(dataloader_iter)
 
 
 def test_resuming_mid_epoch_gets_exactly_the_batches_not_consumed(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
-    model = TwoBatchesPerStep(fail_at_call=3)
-    trainer = _trainer(tmp_path, callbacks=[checkpoint])
+    model = FailsAtCall(fail_at_call=3)
+    trainer = quiet_trainer(tmp_path, callbacks=[checkpoint], enable_checkpointing=True)
     with pytest.raises(RuntimeError, match="crash"):
         trainer.fit(model, DataLoader(RandomDataset(32, 12), batch_size=2))
     assert model.consumed == [0, 1, 2, 3]
 
     resumed = TwoBatchesPerStep()
-    trainer = _trainer(tmp_path)
+    trainer = quiet_trainer(tmp_path)
     trainer.fit(
         resumed, DataLoader(RandomDataset(32, 12), batch_size=2), ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt")
     )

@@ -11,33 +11,20 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-import torch
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
-from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from lightning.pytorch.demos.boring_classes import RandomDataset
+from tests_pytorch.helpers.dataloader_iter import TwoBatchesPerStep, quiet_trainer
 
 
 def test_self_log_infers_the_batch_size_from_the_batches_the_step_consumed(tmp_path):
-    class LogsWithoutBatchSize(BoringModel):
+    class LogsWithoutBatchSize(TwoBatchesPerStep):
         def training_step(self, dataloader_iter):
-            losses = []
-            for _ in range(2):
-                batch, _, _ = next(dataloader_iter)
-                losses.append(self.step(batch))
-            loss = torch.stack(losses).mean()
-            self.log("consumed", float(len(batch)) * 2, on_step=False, on_epoch=True, reduce_fx="sum")
+            loss = super().training_step(dataloader_iter)
+            self.log("samples", 4.0, on_step=False, on_epoch=True, reduce_fx="sum")
             return loss
 
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path)
     trainer.fit(LogsWithoutBatchSize(), DataLoader(RandomDataset(32, 8), batch_size=2))
 
-    assert trainer.callback_metrics["consumed"] == 8
+    assert trainer.callback_metrics["samples"] == 8

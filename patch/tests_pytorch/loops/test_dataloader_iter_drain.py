@@ -14,19 +14,8 @@
 import pytest
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
-
-
-def _trainer(tmp_path, **kwargs):
-    return Trainer(
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+from tests_pytorch.helpers.dataloader_iter import quiet_trainer
 
 
 class PipeliningModel(BoringModel):
@@ -52,7 +41,7 @@ class PipeliningModel(BoringModel):
 @pytest.mark.parametrize("max_epochs", [1, 2])
 def test_a_pipelining_step_trains_the_batch_it_holds_at_the_end_of_the_data(tmp_path, max_epochs):
     model = PipeliningModel()
-    trainer = _trainer(tmp_path, limit_val_batches=0, max_epochs=max_epochs)
+    trainer = quiet_trainer(tmp_path, max_epochs=max_epochs)
     trainer.fit(model, DataLoader(RandomDataset(32, 8), batch_size=2))
 
     assert model.trained == [0, 1, 2, 3] * max_epochs

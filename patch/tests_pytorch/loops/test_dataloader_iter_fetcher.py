@@ -11,40 +11,17 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-import torch
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from tests_pytorch.helpers.dataloader_iter import TwoBatchesPerStep, quiet_trainer
 
 
-def _trainer(tmp_path, **kwargs):
-    return Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
-
-
-class TwoBatchesPerStep(BoringModel):
+class RecordsTheCalls(TwoBatchesPerStep):
     def __init__(self):
         super().__init__()
-        self.consumed = []
         self.transferred = 0
         self.batch_start_indices = []
-
-    def training_step(self, dataloader_iter):
-        losses = []
-        for _ in range(2):
-            batch, batch_idx, _ = next(dataloader_iter)
-            self.consumed.append(batch_idx)
-            losses.append(self.step(batch))
-        return torch.stack(losses).mean()
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         self.transferred += 1
@@ -55,8 +32,8 @@ class TwoBatchesPerStep(BoringModel):
 
 
 def test_batch_progress_counts_the_batches_the_step_consumed(tmp_path):
-    model = TwoBatchesPerStep()
-    trainer = _trainer(tmp_path)
+    model = RecordsTheCalls()
+    trainer = quiet_trainer(tmp_path)
     trainer.fit(model, DataLoader(RandomDataset(32, 8), batch_size=2))
 
     assert model.consumed == [0, 1, 2, 3]
@@ -68,8 +45,8 @@ def test_batch_progress_counts_the_batches_the_step_consumed(tmp_path):
 
 
 def test_batches_pass_the_transfer_hooks(tmp_path):
-    model = TwoBatchesPerStep()
-    trainer = _trainer(tmp_path)
+    model = RecordsTheCalls()
+    trainer = quiet_trainer(tmp_path)
     trainer.fit(model, DataLoader(RandomDataset(32, 8), batch_size=2))
 
     assert model.transferred == 4
@@ -89,7 +66,7 @@ def test_done_and_has_batches_are_exact_before_the_step_reads(tmp_path):
             return self.step(batch)
 
     model = RecordsTheEnd()
-    trainer = _trainer(tmp_path)
+    trainer = quiet_trainer(tmp_path)
     trainer.fit(model, DataLoader(RandomDataset(32, 6), batch_size=2))
 
     assert model.done_before == [False, False, False]

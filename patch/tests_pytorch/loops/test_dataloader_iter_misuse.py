@@ -14,20 +14,12 @@
 import pytest
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from tests_pytorch.helpers.dataloader_iter import quiet_trainer
 
 
 def _fit(tmp_path, model, batches=4):
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        max_epochs=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(tmp_path)
     trainer.fit(model, DataLoader(RandomDataset(32, 2 * batches), batch_size=2))
     return trainer
 
