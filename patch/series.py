@@ -297,7 +297,8 @@ def _tests_lines(made: list[Item]) -> list[str]:
     for module in modules:
         tree = ast.parse((TESTS_HERE / module).read_text())
         names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
-        lines.append(f"- `{module}`: {', '.join(f'`{name}`' for name in names)}")
+        what = ", ".join(f"`{name}`" for name in names) or " ".join((ast.get_docstring(tree) or "").split())
+        lines.append(f"- `{module}`: {what}")
     return lines
 
 

@@ -127,7 +127,8 @@ def test_each_description_gives_its_commits_what_a_user_notices_how_to_adapt_its
                 if item.number in commit.items]
         assert all(f"**{item.title}**" in text for item in made), directory.name
         assert all(" ".join(entry.split()) in text for item in made for _, entry in item.changelog), directory.name
-        assert all(f"- `{module}`: `test_" in text for item in made for module in item.tests), directory.name
+        tests = [module for item in made for module in item.tests if Path(module).name.startswith("test_")]
+        assert all(f"- `{module}`: `test_" in text for module in tests), directory.name
 
 
 def test_a_stack_that_misplaces_an_item_or_makes_an_empty_commit_is_refused(generated, monkeypatch, tmp_path):
