@@ -219,3 +219,8 @@ def test_the_stack_tests_are_the_modules_written_for_lightning_and_each_is_judge
         dict(test=f"{module}::test_kept", stock="passed", patched="passed", shows_the_change=False),
         dict(test=f"{module}::test_new", stock="failed", patched="passed", shows_the_change=True),
     ]
+    # a module that names what only the stack has does not import on stock: its tests err there as one
+    assert judge_stack_tests({f"::{module}": Outcome("error", "collection failure")},
+                             {f"{module}::test_new": Outcome("passed")}) == [
+        dict(test=f"{module}::test_new", stock="error", patched="passed", shows_the_change=True),
+    ]

@@ -90,4 +90,5 @@ unchanged.
             "once"
         )),
     ),
+    tests=("loops/optimization/test_dataloader_iter_cut_short.py",),
 )

@@ -35,3 +35,23 @@ def test_each_evaluation_dataloader_gets_an_iterator_of_its_own(tmp_path):
 
     # a call that found its dataloader's iterator exhausted (a drain call, which takes nothing) is left out
     assert [taken for taken in model.calls if taken] == [[0, 0], [1, 1, 1]]
+
+
+def test_a_pipelining_predict_step_predicts_the_batch_it_holds_at_the_end_of_its_dataloader(tmp_path):
+    class PipeliningPredictions(BoringModel):
+        held = None
+
+        def predict_step(self, dataloader_iter):
+            if self.held is None:
+                self.held = next(dataloader_iter)
+            _, batch_idx, _ = self.held
+            try:
+                self.held = next(dataloader_iter)
+            except StopIteration:
+                self.held = None
+            return batch_idx
+
+    trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    predictions = trainer.predict(PipeliningPredictions(), DataLoader(RandomDataset(32, 8), batch_size=2))
+
+    assert predictions == [0, 1, 2, 3]
