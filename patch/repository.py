@@ -2,28 +2,24 @@
 
 A pull request is made against master, not against a release. ``base_tree`` lays the repository's
 ``src/lightning/pytorch`` and ``src/lightning/fabric`` out as the release's sdist lays out its standalone packages
-(the imports renamed as the release process renames them, reversed), so that the items apply to master's code as they
-do to the release's; ``patch.series`` then writes the repository-layout patches, which ``git_am`` applies, with a plain
-``git am``, to a clone of the repository at that commit.
+(their imports renamed as for the standalone packages' tests, ``patch.lightning_tests.rewrite_imports``), so that the
+items apply to master's code as they do to the release's; ``patch.series`` then writes the repository-layout patches,
+which ``git_am`` applies, with a plain ``git am``, to a clone of the repository at that commit.
 """
 
 from __future__ import annotations
 
 import io
-import re
 import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# The repository's names -> the standalone packages' (what ``patch.series.REPOSITORY_NAMES`` undoes)
-STANDALONE_NAMES = (
-    ("lightning.pytorch", "pytorch_lightning"),
-    ("lightning.fabric", "lightning_fabric"),
-)
+from patch.lightning_tests import TEST_ROOT, rewrite_imports
+
 PACKAGES = (("src/lightning/pytorch", "src/pytorch_lightning"), ("src/lightning/fabric", "src/lightning_fabric"))
 TEXT_SUFFIXES = (".py", ".md", ".pyi")
-TESTS = "tests/tests_pytorch"
+TESTS = TEST_ROOT.as_posix()
 
 
 @dataclass(frozen=True)
@@ -39,12 +35,6 @@ class Repository:
 
     def full_commit(self) -> str:
         return self.git("rev-parse", "--verify", f"{self.commit}^{{commit}}").strip()
-
-
-def to_standalone_layout(text: str) -> str:
-    for unified, standalone in STANDALONE_NAMES:
-        text = re.sub(rf"(?<![\w.]){re.escape(unified)}\b", standalone, text)
-    return text
 
 
 def base_tree(repository: Repository, dest: Path) -> Path:
@@ -72,7 +62,7 @@ def base_tree(repository: Repository, dest: Path) -> Path:
             target = root / standalone / path.relative_to(unpacked / unified)
             target.parent.mkdir(parents=True, exist_ok=True)
             if path.suffix in TEXT_SUFFIXES:
-                target.write_text(to_standalone_layout(path.read_text()))
+                target.write_text(rewrite_imports(path.read_text()))
             else:
                 path.rename(target)
     return root

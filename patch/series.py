@@ -43,6 +43,7 @@ from pathlib import Path
 
 from patch.edits import LightningSource
 from patch.items import ITEMS, TESTS_HERE, Item
+from patch.lightning_tests import TEST_ROOT
 from patch.repository import Repository, base_tree
 from patch.stack import STACK, PullRequest, check_stack, commit_message, items_of
 from patch.stack import commits as stack_commits
@@ -50,7 +51,6 @@ from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 RELEASE = "2.6.6"
 PACKAGE_IN_SDIST = Path("src") / "pytorch_lightning"
-LIGHTNING_TESTS = Path("tests") / "tests_pytorch"
 DEFAULT_CACHE = Path.home() / ".cache" / "rfc-dataloader-iter" / "sdist"
 # The standalone packages' names -> the repository's (the release process renames the other way).
 REPOSITORY_NAMES = (
@@ -111,7 +111,7 @@ def patched_tree(dest: Path, cache: Path = DEFAULT_CACHE, repository: Repository
     git(root, "commit", "--quiet", "-m", f"{base}, laid out as the release's sdist")
     git(root, "tag", BASE_TAG)
     source = LightningSource(root / PACKAGE_IN_SDIST, "pytorch_lightning")
-    tests_root = root / LIGHTNING_TESTS  # a repository's, not the sdist's
+    tests_root = root / TEST_ROOT  # a repository's, not the sdist's
     last_item_commit = {}
     for commit in stack_commits(STACK):
         for item in items_of(commit, ITEMS):
@@ -148,7 +148,7 @@ def lightning_style(root: Path, files: list[str]) -> None:
     then ``ruff format``, with the ruff this project pins (the version Lightning's hooks pin) and the configuration
     of the tree's own ``pyproject.toml`` (Lightning's: 120 columns, its rule selection). Raises, with the findings,
     where a finding remains that no fix removes: the item's code must change."""
-    tests = [name for name in files if Path(name).is_relative_to(LIGHTNING_TESTS)]
+    tests = [name for name in files if Path(name).is_relative_to(TEST_ROOT)]
     for group, options in ((sorted(set(files) - set(tests)), ()), (tests, REPOSITORY_FIRST_PARTY)):
         if group:
             _ruff(root, group, options)
@@ -291,7 +291,7 @@ def _tests_lines(made: list[Item]) -> list[str]:
     modules = [module for item in made for module in item.tests]
     if not modules:
         return ["No test of its own under `tests/tests_pytorch` yet."]
-    lines = [f"In `{LIGHTNING_TESTS.as_posix()}` (the stack made on Lightning's repository carries them; the sdist has"
+    lines = [f"In `{TEST_ROOT.as_posix()}` (the stack made on Lightning's repository carries them; the sdist has"
              " no tests); `python -m patch.lightning_tests --stack-tests` runs each on stock and on the stack, where it"
              " must fail and pass:", ""]
     for module in modules:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from patch.repository import Repository, base_tree, git_am, to_standalone_layout
+from patch.lightning_tests import rewrite_imports
+from patch.repository import Repository, base_tree, git_am
 from patch.series import to_repository_layout
 
 MODULE = '''"""Uses `lightning.pytorch` and lightning.fabric."""
@@ -65,7 +66,7 @@ def test_the_base_is_the_repository_laid_out_as_the_sdist_and_comes_back_by_the_
     assert to_repository_layout(standalone) == MODULE
     assert (root / "src/lightning_fabric/__init__.py").is_file() and (root / "pyproject.toml").is_file()
     assert (root / "tests/tests_pytorch/loops/test_module.py").read_text() == MODULE  # the tests as they are
-    assert to_standalone_layout("lightning.pytorchx, mylightning.pytorch") == "lightning.pytorchx, mylightning.pytorch"
+    assert rewrite_imports("lightning.pytorchx, mylightning.pytorch") == "lightning.pytorchx, mylightning.pytorch"
 
 
 def test_git_am_applies_the_patch_onto_the_commit(repository, tmp_path):
