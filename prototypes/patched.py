@@ -110,31 +110,18 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _patched_trainer(trainer_kwargs: dict[str, Any], depth: int | str = 0) -> pl.Trainer:
+def _patched_trainer(trainer_kwargs: dict[str, Any]) -> pl.Trainer:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
-    if depth == 0:  # what ships: a plain Trainer, the patched package's defaults
-        return pl.Trainer(**trainer_kwargs)
-    # the patch's fetcher options, as the run's resources hold them: only the patched package has the module
-    from pytorch_lightning.loops._dataloader_iter.options import Options, RunResources
-
-    options = Options(depth)  # refuses a depth it cannot run, before a Trainer is made
-    trainer = pl.Trainer(**trainer_kwargs)
-    # Why a private attribute: how a user opts in to the prefetch thread is a question the RFC leaves to review;
-    # what ships is the default (no thread)
-    trainer._dataloader_iter_resources = RunResources(options)
-    return trainer
+    return pl.Trainer(**trainer_kwargs)  # what ships: a plain Trainer, the patched package's defaults
 
 
 DESIGN = Design(
     name="patched",
     summary="pytorch-lightning 2.6.6 with the RFC's patch series applied: a plain Trainer of the patched package",
     make_trainer=_patched_trainer,
-    # what ships, as for the prototype it is written from: no thread unless asked for; the same variants
-    options={"depth": 0},
-    thread_options={"depth": "auto"},
-    suite_variants=({"depth": "auto"}, {"depth": 2}),
+    # Why no thread options: the series leaves the prototype's opt-in prefetch thread out (the RFC defers it)
     changes_lightning_loops=True,
     unavailable_reason=unavailable_reason,
 )

@@ -9,8 +9,8 @@ def _consumed_state(source: LightningSource) -> None:
     fit_loop.insert_in_body(
         "_FitLoop.on_save_checkpoint",
         """
-        # the loaders ran ahead of the step (the fetcher's look-ahead, or its prefetch thread): resuming from their
-        # live state would skip the batches read but not handed out
+        # the loaders ran ahead of the step (the fetcher's look-ahead): resuming from their live state would skip the
+        # batches read but not handed out
         if self.prefetching_fetcher is not None and (consumed := self.prefetching_fetcher.consumed_loader_states):
             state_dict["combined_loader"] = consumed
         """,
@@ -46,10 +46,10 @@ ITEM = Item(
     6,
     "Checkpoints record the loader state as of the consumed batches, and resume restores batch_idx",
     """
-A checkpoint recorded the loaders' live state, which is ahead of the step when the fetcher looks ahead (and further
-with a prefetch thread): resuming skipped batches that were read but never handed out. It now records the state as of
-the batches the step consumed. Resuming from a checkpoint saved in `on_train_batch_end` after a call that consumed
-several batches is recognised as such.
+A checkpoint recorded the loaders' live state, which is ahead of the step when the fetcher looks ahead: resuming
+skipped batches that were read but never handed out. It now records the state as of the batches the step consumed.
+Resuming from a checkpoint saved in `on_train_batch_end` after a call that consumed several batches is recognised as
+such.
 """,
     _consumed_state,
     changelog=(

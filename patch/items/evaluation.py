@@ -84,7 +84,7 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
             f"{loop}.run",
             """
             if isinstance(data_fetcher, _PrefetchingIterFetcher):
-                data_fetcher.stop()  # the prefetch thread must not outlive the run
+                data_fetcher.stop()  # the run's producer must not outlive it
             """,
             after=_is_the_while_loop,
         )

@@ -3,7 +3,8 @@ the batches the step consumes.
 
 The fetcher and what it is built from are the recommended design's own modules, carried into a private package of
 Lightning's loops (``loops/_dataloader_iter/``) by ``patch.transplant``; the loops choose it where they chose
-Lightning's ``_DataLoaderIterDataFetcher``.
+Lightning's ``_DataLoaderIterDataFetcher``. The design's opt-in prefetch thread (``prototypes.prefetcher.threaded``)
+is not carried: the RFC defers it (its thread decision), and code no user can switch on does not ship.
 """
 
 import prototypes.batches_per_call
@@ -12,10 +13,7 @@ import prototypes.lightning_changes.draining
 import prototypes.lightning_changes.fit_loop
 import prototypes.lightning_changes.optimization
 import prototypes.prefetcher.fetcher
-import prototypes.prefetcher.options
-import prototypes.prefetcher.prefetch_thread
 import prototypes.prefetcher.producer
-import prototypes.prefetcher.profiler_guard
 import prototypes.prefetcher.step_calls
 from patch.edits import LightningSource, assigns, calls
 from patch.items import Item
@@ -44,19 +42,8 @@ vote and the misuse checks with their messages.
 The loaders' state, read after each batch: what a checkpoint records for the batches the step consumed.
 """),
     "producer": (prototypes.prefetcher.producer, None, (), """
-The producer: loads a loop's batches one at a time and transfers them, on the prefetch thread when there is one and
-on the step's thread otherwise. It knows no loop and no step call.
-"""),
-    "prefetch_thread": (prototypes.prefetcher.prefetch_thread, None, (), """
-The prefetch thread: runs the producer at most ``depth`` batches ahead of the step (none by default), re-raises its
-errors in the step's thread, and shuts down idempotently.
-"""),
-    "profiler_guard": (prototypes.prefetcher.profiler_guard, None, (), """
-Serialises the profiler's ``start``/``stop`` while a prefetch thread records the transfer hooks on it.
-"""),
-    "options": (prototypes.prefetcher.options, None, (), """
-The options of the flavour's fetcher (the prefetch depth, whether the transfer runs ahead) and the run's resources
-(a copy stream, the profiler guard), rebuilt rather than pickled with the Trainer.
+The producer: loads a loop's batches one at a time, as the step asks for them, and transfers them. It knows no loop
+and no step call.
 """),
     "step_calls": (prototypes.prefetcher.step_calls, None, (), """
 The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
@@ -84,7 +71,7 @@ synchronised once.
 PACKAGE_DOCSTRING = (
     '"""What the loops use when a step takes ``dataloader_iter``: the fetcher that hands out the batches the step\n'
     "consumes (``fetcher``), what it is built from (the producer on the loading side, the record of the epoch's step\n"
-    "calls on the loop's side, an optional prefetch thread), the drain calls and the ranks' end-of-data vote.\"\"\"\n"
+    "calls on the loop's side), the drain calls and the ranks' end-of-data vote.\"\"\"\n"
 )
 
 
@@ -110,9 +97,7 @@ def _look_ahead(source: LightningSource) -> None:
         """
         # `progress` counts the batches the step consumes; `drain_dataloader`: an evaluation loop's drain calls at
         # the end of a dataloader (training drains in its epoch loop)
-        return _PrefetchingIterFetcher(
-            trainer, trainer._dataloader_iter_resources, step_fx_name, progress, drain_dataloader
-        )
+        return _PrefetchingIterFetcher(trainer, step_fx_name, progress, drain_dataloader)
         """,
     )
 
@@ -122,18 +107,6 @@ def _look_ahead(source: LightningSource) -> None:
             assigns("data_fetcher"),
             "data_fetcher = _select_data_fetcher(self.trainer, self.trainer.state.stage, self.batch_progress)",
         )
-
-    trainer = source.module("trainer.trainer")
-    trainer.add_import(f"from {LIGHTNING_PACKAGE}.options import Options, RunResources")
-    trainer.insert_in_body(
-        "Trainer.__init__",
-        """
-        # What a step taking `dataloader_iter` is fed with: no prefetch thread unless asked for (the options), and
-        # the run's resources (a copy stream, the profiler guard), rebuilt rather than pickled with the Trainer
-        self._dataloader_iter_resources = RunResources(Options())
-        """,
-        at_end=True,
-    )
 
     fit_loop = source.module("loops.fit_loop")
     fit_loop.insert_in_body(
@@ -167,7 +140,7 @@ def _look_ahead(source: LightningSource) -> None:
         "_FitLoop.on_advance_end",
         """
         if self.prefetching_fetcher is not None:
-            self.prefetching_fetcher.stop()  # the prefetch thread must not outlive the epoch
+            self.prefetching_fetcher.stop()  # the epoch's producer must not outlive it
         """,
         at_start=True,
     )
@@ -175,7 +148,6 @@ def _look_ahead(source: LightningSource) -> None:
         "_FitLoop.teardown",
         """
         self.prefetching_fetcher = None
-        self.trainer._dataloader_iter_resources.end_run()
         """,
         at_end=True,
     )
@@ -191,8 +163,8 @@ which batches the step had consumed. The loops now choose `_PrefetchingIterFetch
 `loops/_dataloader_iter/`): it peeks one batch ahead, so `done` is exact and the batch hooks see the batch the step
 gets first; it counts the batches handed out, records each step call's batches, and hands every step call of a
 loop over a dataloader the same iterator, valid until that loop ends. A `next()` between two calls (a pipeline's own
-loading thread) counts toward the next call. By default it loads on the step's thread; the run's options
-(`Trainer._dataloader_iter_resources`) can give it a prefetch thread. A training step call cut short by the end of
+loading thread) counts toward the next call. It loads each batch on the step's thread, as the step asks for it (a
+prefetch thread is not part of this change). A training step call cut short by the end of
 the data warns with `CutShortCallWarning`, public in `pytorch_lightning.utilities.warnings`, so that a user can
 filter it or make it an error by its category.
 """,

@@ -27,9 +27,8 @@ LIMITS = Item(
     part="item 2's producer makes it",
     why="""
 No code of its own (its CHANGELOG entry only): the producer of item 2 (`loops/_dataloader_iter/producer.py`) stops
-reading at the loader's length and the `limit_*_batches` limit, so a look-ahead or a prefetch thread never reads
-past them, and the loops keep their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next`
-names do not change.
+reading at the loader's length and the `limit_*_batches` limit, so the look-ahead never reads past them, and the
+loops keep their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next` names do not change.
 """,
     changelog=(
         ('Fixed', (
@@ -42,18 +41,17 @@ names do not change.
 TRAINER_OBJECT = Item(
     16,
     "Every loop change leaves the Trainer an object Lightning and its users can copy",
-    part="item 2's run resources make it",
+    part="item 2's fetcher makes it",
     why="""
-No code of its own (its CHANGELOG entry only): the run's resources of item 2 (`loops/_dataloader_iter/options.py`, a
-copy stream and the profiler guard) are rebuilt, not pickled, when the Trainer is (`strategy="ddp_spawn"`,
-`copy.deepcopy`), the prefetch thread is made and joined per loop over the data, and the progress objects keep
-exactly Lightning's fields, so a regular module's checkpoint is stock Lightning's.
+No code of its own (its CHANGELOG entry only): the fetcher of item 2 holds the run's hooks only while a loop over the
+data runs (its producer is dropped when the loop stops), so a Trainer pickles (`strategy="ddp_spawn"`) and
+deep-copies as before, and the progress objects keep exactly Lightning's fields, so a regular module's checkpoint is
+stock Lightning's.
 """,
     changelog=(
         ('Changed', (
             'A Trainer whose step takes `dataloader_iter` still pickles (`strategy="ddp_spawn"`), deep-copies'
-            " and checkpoints as any Trainer: the fetcher's run resources are rebuilt rather than pickled, "
-            "and a regular module's checkpoint is unchanged"
+            " and checkpoints as any Trainer, and a regular module's checkpoint is unchanged"
         )),
     ),
 )

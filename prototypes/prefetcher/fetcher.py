@@ -3,9 +3,8 @@ step consumed, delegating to the pieces that run each on one thread.
 
 The prefetcher's pieces and the thread each runs on:
 
-- ``producer.BatchProducer`` (the prefetch thread; the step's thread at depth 0): reads the loader, applies limits
-  and the resume offset, snapshots the loader state per batch, transfers and copies. It knows no loop.
-- ``prefetch_thread.PrefetchThread``: runs the producer ahead, at most ``depth`` batches in flight. No Lightning.
+- ``producer.BatchProducer`` (the step's thread; the prefetch thread where one runs): reads the loader, applies
+  limits and the resume offset, snapshots the loader state per batch, transfers. It knows no loop.
 - ``step_calls.EpochStepCalls`` (the loop's thread): the record of one loop over the data's step calls: the peeked
   head, the ranks' vote, the running call, batches taken between calls, drain calls.
 - This module (the loop's thread), one fetcher in three parts: ``_PrefetchingIterFetcher``, Lightning's fetcher
@@ -14,9 +13,12 @@ The prefetcher's pieces and the thread each runs on:
   ``step_stopped()``, ``end_step_call()``, ``backward_ended()``, ``data_ended_after_call()``,
   ``step_batches()`` for ``self.log``;
   ``_LoaderIteratorLifecycle``, the loader iterator under a loop over the data: ``adopt()`` for an evaluation loop's
-  started fetcher, the producer's thread, ``stop()``. The loops read and drive the running call through ``calls``.
-  It is built from what it needs: the trainer, the run resources (with the design's options), the step's name, the
-  batch progress it counts consumed batches in, and the evaluation loops' drain calls; it imports no loop.
+  started fetcher, the producer, ``stop()``. The loops read and drive the running call through ``calls``.
+  It is built from what it needs: the trainer, the step's name, the batch progress it counts consumed batches in,
+  the evaluation loops' drain calls and the drain rule; it imports no loop.
+- ``threaded.ThreadedIterFetcher``: the same fetcher with the opt-in prefetch thread (``prefetch_thread``) between
+  the producer and the hand-out; it overrides the four methods that reach the producer (``_start_producing``,
+  ``_next_produced``, ``take_ahead``, ``_stop_producing``) and ``consume``, nothing else.
 """
 
 
@@ -27,11 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
-import torch
-from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 
 from prototypes.common import (
+    PULLED_AHEAD,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
     StepIterator,
@@ -39,8 +40,6 @@ from prototypes.common import (
     warn_declined,
 )
 from prototypes.lightning_changes import CountsConsumed
-from prototypes.prefetcher.options import RunResources
-from prototypes.prefetcher.prefetch_thread import PrefetchThread
 from prototypes.prefetcher.producer import BatchProducer, LoaderExhausted, Produced
 from prototypes.prefetcher.step_calls import EpochStepCalls
 
@@ -121,10 +120,6 @@ class _StepCallHandOut:
         calls = self.calls
         with calls.lock:
             head = calls.hand_out(dataloader_idx)
-            if calls.released_ahead:  # a look-ahead of k gave this batch's slot back already
-                calls.released_ahead -= 1
-            else:
-                self.prefetch_thread.release()
             self.fetched += 1
             if calls.call.open:
                 self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
@@ -153,8 +148,8 @@ class _StepCallHandOut:
 
 class _LoaderIteratorLifecycle:
     """The loader iterator's lifecycle under the fetcher (the loop's thread): a loop over the data begins on a fresh
-    or adopted iterator with a producer on its prefetch thread, takes the batches that thread produced, and stops it.
-    A mixin of ``_PrefetchingIterFetcher``: Lightning's loops see one fetcher."""
+    or adopted iterator with its producer, takes the batches it produces, and stops it. A mixin of
+    ``_PrefetchingIterFetcher``: Lightning's loops see one fetcher."""
 
     def adopt(self, started: _DataFetcher) -> _PrefetchingIterFetcher:
         """Take over the loader iterator of Lightning's fetcher, which the evaluation loops set up and iterate
@@ -169,102 +164,87 @@ class _LoaderIteratorLifecycle:
         return self._begin()
 
     def _begin(self) -> _PrefetchingIterFetcher:
-        """A loop over the data starts: a producer on its thread and a new record of the step calls."""
-        trainer, combined, ahead = self.trainer, self._combined_loader, self.options.transfer_ahead
-        transfer = BatchTransfer(trainer)
+        """A loop over the data starts: its producer and a new record of the step calls."""
+        trainer = self.trainer
         producer = BatchProducer(
-            self.iterator, combined, self.length, lambda: self.fetched, transfer if ahead else None,
-            self.resources.copy_stream if ahead else None,
+            self.iterator, self._combined_loader, self.length, lambda: self.fetched, self._producer_transfer()
         )
-        self._transfer_path = None if ahead else transfer
         self.calls = EpochStepCalls(
             trainer, self.hook_name, self._take, exhausted=self._exhausted,
             ranks_vote=end_of_data_vote_needed(trainer),
             consumed_loader_states=producer.loader_states(),
             take_ahead=self.take_ahead if self.drain_dataloader is None else None,  # training accumulates windows
-            drain_rule=self.options.drain,
+            drain_rule=self.drain_rule,
         )
-        self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
-        if self._thread_records_on_profiler:
-            self.resources.profiler_guard.thread_records_on(trainer.profiler)
+        self._start_producing(producer)
         return self
 
-    @property
-    def _thread_records_on_profiler(self) -> bool:
-        """Whether this fetcher's prefetch thread may record the transfer hooks on the profiler."""
-        return bool(self.options.depth) and self.options.transfer_ahead
+    def _producer_transfer(self) -> Callable[[Any, int], Any] | None:
+        """The batch transfer the producer runs (the transfer hooks, as Lightning's regular flavour runs them)."""
+        return BatchTransfer(self.trainer)
+
+    def _start_producing(self, producer: BatchProducer) -> None:
+        self._producer = producer
+
+    def _next_produced(self) -> Produced:
+        """The next batch, ready for the step on this thread; raises ``LoaderExhausted`` at the end of the data."""
+        return self._producer()
 
     def take_ahead(self) -> Produced | None:
-        """The next batch for a look-ahead of k (``EpochStepCalls.available``), its producer slot given back."""
-        produced = self._take()
-        if produced is not None:
-            self.prefetch_thread.release()
-        return produced
+        """The next batch for a look-ahead of k (``EpochStepCalls.available``)."""
+        return self._take()
 
     def _take(self) -> Produced | None:
         """The next batch from the producer, ready for the step on this thread; None at the end of the data."""
-        prefetch_thread = self.prefetch_thread
-        if prefetch_thread is None:
-            raise RuntimeError("the epoch's prefetching has stopped; no more batches are handed out in this epoch")
+        if self._producer is None:
+            raise RuntimeError("the epoch's loading has stopped; no more batches are handed out in this epoch")
         # Why not profile a take known to find the end: the `*_next` action records one fetch per batch (C1)
         profiled = self.length is None or self.fetched < self.length
         if profiled:
             self._start_profiler()
         try:
-            produced = prefetch_thread.get()
+            return self._next_produced()
         except LoaderExhausted as end:
             self.calls.loader_ended(end.loader_states)
             return None
         finally:
             if profiled:
                 self._stop_profiler()
-        if produced.ready is not None:
-            # Why (sync point): the compute stream must not read the batch before the side stream's copies finish,
-            # and the allocator must not hand these buffers back to the side stream while the step still uses them.
-            compute_stream = torch.cuda.current_stream(self.resources.copy_stream.device)
-            compute_stream.wait_event(produced.ready)
-            for tensor in _cuda_tensors(produced.batch):
-                tensor.record_stream(compute_stream)
-        if self._transfer_path is not None:  # the transfer hooks run here, as the batch is handed out
-            produced = produced._replace(batch=self._transfer_path(produced.batch, produced.dataloader_idx))
-        return produced
 
     def stop(self) -> None:
-        """Stop producing (idempotent): the thread exits; batches produced but not consumed are dropped. The loop over
-        the data ended: the step's iterator hands out nothing more (C14 a)."""
+        """Stop producing (idempotent): batches produced but not consumed are dropped. The loop over the data ended:
+        the step's iterator hands out nothing more (C14 a)."""
         self._close_iterator()
         self.calls.end()
-        if self.prefetch_thread is not None:
-            self.prefetch_thread.shutdown()
-            self.prefetch_thread = None
-            if self._thread_records_on_profiler:  # the thread has exited
-                self.resources.profiler_guard.thread_stopped_recording(self.trainer.profiler)
-        # Why: it holds the run's hooks and profiler wrappers, which a Trainer pickled after fit (C1) must not carry
-        self._transfer_path = None
+        self._stop_producing()
+
+    def _stop_producing(self) -> None:
+        # Why drop it: it holds the run's hooks and profiler wrappers, which a Trainer pickled after fit (C1) must not
+        # carry
+        self._producer = None
 
 
 class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataLoaderIterDataFetcher):
-    """Keeps up to ``options.depth`` batches in flight and hands them to the step through a ``FetcherStepIterator``.
+    """Looks one batch ahead and hands the batches to the step through a ``FetcherStepIterator``.
 
     Lightning's loop reads ``_batch``/``_batch_idx`` before the step (for ``on_train_batch_start``) and after it (for
     ``on_train_batch_end``), and ``done`` for ``is_last_batch``: here they describe the next batch to be consumed
     (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches, and so does
     ``progress`` (``count_consumed()``). ``drain_dataloader``: the evaluation loops' drain calls at the end of a
-    dataloader (C17); None in training, which drains in its loop.
+    dataloader (C17); None in training, which drains in its loop. ``drain_rule``: when the loop makes drain calls
+    (``common.DRAIN_RULES``).
     """
 
     def __init__(
-        self, trainer: pl.Trainer, resources: RunResources, hook_name: str,
-        progress: CountsConsumed, drain_dataloader: Callable[[int], None] | None = None,
+        self, trainer: pl.Trainer, hook_name: str, progress: CountsConsumed,
+        drain_dataloader: Callable[[int], None] | None = None, drain_rule: str = PULLED_AHEAD,
     ) -> None:
         super().__init__()
-        self.trainer, self.options, self.resources = trainer, resources.options, resources
-        self.hook_name, self.progress, self.drain_dataloader = hook_name, progress, drain_dataloader
-        resources.copy_stream_for(trainer)  # made here, on the loop's thread
-        self.prefetch_thread: PrefetchThread | None = None  # per loop over the data (``_begin``)
+        self.trainer, self.hook_name, self.progress = trainer, hook_name, progress
+        self.drain_dataloader, self.drain_rule = drain_dataloader, drain_rule
+        self._producer: BatchProducer | None = None  # per loop over the data (``_begin``)
         self.calls = EpochStepCalls(trainer, hook_name, self._take)  # replaced per loop over the data
         self._step_iterator: FetcherStepIterator | None = None
-        self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
 
     @property
     def consumed_loader_states(self) -> list[dict] | None:
@@ -325,11 +305,6 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         return self.start_step_call()
 
     def teardown(self) -> None:
-        self.stop()  # before Lightning resets the loaders: the thread may be inside next() on them
+        self.stop()  # before Lightning resets the loaders: a prefetch thread may be inside next() on them
         super().teardown()
 
-
-def _cuda_tensors(batch: Any) -> list[torch.Tensor]:
-    tensors: list[torch.Tensor] = []
-    apply_to_collection(batch, torch.Tensor, lambda t: tensors.append(t) if t.is_cuda else None)
-    return tensors

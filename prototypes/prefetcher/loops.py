@@ -37,6 +37,7 @@ from prototypes.lightning_changes import (
 )
 from prototypes.prefetcher.fetcher import FetcherStepIterator, _PrefetchingIterFetcher
 from prototypes.prefetcher.options import RunResources
+from prototypes.prefetcher.threaded import fetcher_for
 
 
 class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
@@ -107,7 +108,7 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
         return self.trainer.fit_loop.prefetching_fetcher.calls.pulled_ahead()
 
     def _drain_rule(self) -> str:
-        return self.trainer.fit_loop.prefetching_fetcher.options.drain
+        return self.trainer.fit_loop.prefetching_fetcher.drain_rule
 
     def on_run_start(self, data_fetcher: _DataFetcher) -> None:
         super().on_run_start(data_fetcher)
@@ -189,7 +190,7 @@ class _InstallsPrefetchingFetcher:
         if type(fetcher) is _DataLoaderIterDataFetcher:
             refuse_mixed_step_signature(getattr(self.trainer.lightning_module, self.step_name), self.step_name)
             started = fetcher
-            fetcher = _PrefetchingIterFetcher(
+            fetcher = fetcher_for(
                 self.trainer, self.resources, self.step_name, self.counted_progress, self._drain_dataloader
             )
             if started.iterator is not None:

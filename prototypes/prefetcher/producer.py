@@ -1,18 +1,14 @@
-"""The producer: loads the epoch's batches one at a time and transfers them, on the prefetch thread (on the step's
-thread at depth 0). It knows no loop and no step call: what it makes of one batch is a :class:`Produced`."""
+"""The producer: loads the epoch's batches one at a time and transfers them, on the step's thread (on the prefetch
+thread where one runs). It knows no loop and no step call: what it makes of one batch is a :class:`Produced`."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-import torch
 from lightning_fabric.utilities.data import sized_len
-from lightning_utilities.core.apply_func import apply_to_collection
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
 
-from prototypes.common import BatchTransfer
 from prototypes.lightning_changes import loader_state_reader
 
 
@@ -21,7 +17,6 @@ class Produced(NamedTuple):
     batch_idx: int
     dataloader_idx: int
     loader_states: list[dict] | None  # the loaders' state right after this batch: what a checkpoint records
-    ready: torch.cuda.Event | None  # recorded on the copy stream after the copies of this batch
 
 
 class LoaderExhausted(StopIteration):
@@ -36,14 +31,13 @@ class BatchProducer:
     """One loop over the data (an epoch, an evaluation run), one batch per call.
 
     Reads the loader iterator up to its length and limits, numbers the batches from the count the loader resumed at,
-    snapshots the loaders' state after each batch (on the thread that drives the loader: consistent), and with
-    ``copy_stream`` transfers the batch (pinned, on that stream); ``transfer`` without a stream transfers it here,
-    None leaves it to the consumer. Raises :class:`LoaderExhausted` at the end.
+    snapshots the loaders' state after each batch (on the thread that drives the loader: consistent), and transfers
+    the batch with ``transfer`` (None leaves it to the consumer). Raises :class:`LoaderExhausted` at the end.
     """
 
     def __init__(
         self, iterator: Iterator, combined_loader: CombinedLoader, length: int | None, resumed_at: Callable[[], int],
-        transfer: BatchTransfer | None, copy_stream: Any,
+        transfer: Callable[[Any, int], Any] | None,
     ) -> None:
         self.iterator, self.length = iterator, length
         self._loader = combined_loader
@@ -53,7 +47,7 @@ class BatchProducer:
         self._resumed_at_count = resumed_at
         self._resumed_at = 0  # the batch count the loader resumed at (after a checkpoint)
         self._produced: int | None = None  # batches taken from the loader, counted from `_resumed_at`
-        self._transfer_path, self._copy_stream = transfer, copy_stream
+        self._transfer_path = transfer
 
     def loader_states(self) -> list[dict] | None:
         """The loaders' state now (None when no loader can be resumed)."""
@@ -78,15 +72,9 @@ class BatchProducer:
         if self.length is not None and self._produced > self.length:
             raise LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
         states = self._read_loader_states()
-        ready, copy_stream, transfer = None, self._copy_stream, self._transfer_path
-        if copy_stream is not None:
-            # Why set the device: a new thread starts on device 0, whatever device this rank trains on.
-            with torch.cuda.device(copy_stream.device), torch.cuda.stream(copy_stream):
-                batch = transfer(batch, dataloader_idx, pin=_PIN)
-                ready = copy_stream.record_event()
-        elif transfer is not None:
-            batch = transfer(batch, dataloader_idx)
-        return Produced(batch, batch_idx, dataloader_idx, states, ready)
+        if self._transfer_path is not None:
+            batch = self._transfer_path(batch, dataloader_idx)
+        return Produced(batch, batch_idx, dataloader_idx, states)
 
     def _limited(self) -> bool:
         """Whether a ``limit_*_batches`` cuts any loader short of its length."""
@@ -94,12 +82,3 @@ class BatchProducer:
         limits = loader.limits or []
         return any(limit < (sized_len(dl) or float("inf")) for dl, limit in zip(loader.flattened, limits, strict=False))
 
-
-def _pinned(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.pin_memory() if tensor.device.type == "cpu" and not tensor.is_pinned() else tensor
-
-
-# Why pin before a copy on the side stream: a copy from pageable memory is synchronous even with
-# ``non_blocking=True`` (apex #304). The transfer hooks run here, possibly on the prefetch thread: they must be
-# thread-safe.
-_PIN = functools.partial(apply_to_collection, dtype=torch.Tensor, function=_pinned)

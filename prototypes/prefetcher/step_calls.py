@@ -31,7 +31,6 @@ class HeldBatches:
 
     head: Produced | None
     ahead: deque[Produced]  # the batches after the head, taken from the producer; non-empty only with a head
-    released_ahead: int  # of them, how many already gave their producer slot back (``available``'s ``take_ahead``)
     exhausted: bool
     peek: Callable[[], Produced | None]  # the head, taken from the producer if need be
 
@@ -44,20 +43,18 @@ class HeldBatches:
         """End here, with batches left (the ranks' vote, or a step that declined them, ended the epoch); returns how
         many of them were taken from the producer already."""
         held = (self.head is not None) + len(self.ahead)
-        self.head, self.exhausted, self.released_ahead = None, True, 0
+        self.head, self.exhausted = None, True
         self.ahead.clear()
         return held
 
     def available(self, count: int, dataloader_idx: int, take_ahead: Callable[[], Produced | None]) -> int:
         """How many of the next ``count`` batches are of ``dataloader_idx``: a look-ahead of ``count`` (under
-        ``lock``); ``take_ahead`` takes from the producer what the head does not cover and gives its slot back
-        (Why: a prefetch thread of depth below ``count`` would otherwise wait for a slot while this waits for it)."""
+        ``lock``); ``take_ahead`` takes from the producer what the head does not cover."""
         if self.head_of(dataloader_idx, self.peek()) is None:
             return 0
         # Why `exhausted` first: once the producer found the end, asking it again raises StopIteration
         while len(self.ahead) + 1 < count and not self.exhausted and (produced := take_ahead()) is not None:
             self.ahead.append(produced)
-            self.released_ahead += 1
         following = [p.dataloader_idx == dataloader_idx for p in list(self.ahead)[: count - 1]]
         return 1 + (following.index(False) if False in following else len(following))
 
@@ -184,7 +181,6 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
         self.lock = threading.RLock()
         self.head: Produced | None = None  # the peeked next batch, already taken from the producer
         self.ahead: deque[Produced] = deque()
-        self.released_ahead = 0
         self.exhausted = exhausted  # no batch is left: the data ended, or the ranks agreed it ended
         self.ranks_vote, self.take_ahead, self.drain_rule = ranks_vote, take_ahead, drain_rule
         self.dataloader_idx: int | None = None
@@ -238,5 +234,5 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
 
     def end(self) -> None:
         """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
-        self.call.open, self.taken_between_calls, self.head, self.released_ahead = False, [], None, 0
+        self.call.open, self.taken_between_calls, self.head = False, [], None
         self.ahead.clear()

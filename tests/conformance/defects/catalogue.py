@@ -131,7 +131,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # depth 0 for both: in a thread a lost or repeated batch would also unbalance the prefetch slots (a hang)
     Defect("batch_repeated", "C3", "prefetcher", "hands out every fifth batch a second time (a retried get())",
-           (prefetch_thread.PrefetchThread, "get"), _redelivers_every_fifth,
+           (_Fetcher, "_next_produced"), _redelivers_every_fifth,
            (C03 + "test_fixed_patterns_receive_the_loader_sequence_every_epoch",), SIZED, {"depth": 0}),
     # C4 Device and transfer hooks
     Defect("after_transfer_hook_skipped", "C4", "prefetcher", "never calls `on_after_batch_transfer`",
@@ -231,7 +231,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (prefetch_producer.BatchProducer, "__call__"), _produce_ending_on_error,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("loading_error_retyped", "C12", "prefetcher", "re-raises a loading error as a RuntimeError",
-           (prefetch_thread.PrefetchThread, "get"), _get_retyping_errors,
+           (_Fetcher, "_next_produced"), _get_retyping_errors,
            (C12 + "test_dataset_error_reaches_fit_with_its_type",), "main"),
     Defect("thread_not_joined", "C12", "prefetcher", "stops its prefetch thread without joining it",
            (prefetch_thread.PrefetchThread, "shutdown"), _instead(_shutdown_without_join),

@@ -47,14 +47,14 @@ def _keeping(fetcher: Any, attributes: tuple[str, ...], advance: Callable[[Any],
 
 
 def _redelivers_every_fifth(original: Callable[..., Any]) -> Callable[..., Any]:
-    def get(self: Any) -> Any:
-        self.calls = getattr(self, "calls", 0) + 1
-        if self.calls % 5 == 0 and hasattr(self, "last"):
+    def next_produced(self: Any) -> Any:
+        self.gets = getattr(self, "gets", 0) + 1
+        if self.gets % 5 == 0 and hasattr(self, "last"):
             return self.last  # "a retry after a slow produce() hands out the previous result again"
         self.last = original(self)
         return self.last
 
-    return get
+    return next_produced
 
 
 def _keeps_the_steps_first_batch_for_the_end_hook(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -175,15 +175,15 @@ def _produce_ending_on_error(original: Callable[..., Any]) -> Callable[..., Any]
 
 
 def _get_retyping_errors(original: Callable[..., Any]) -> Callable[..., Any]:
-    def get(self: Any) -> Any:
+    def next_produced(self: Any) -> Any:
         try:
             return original(self)
         except StopIteration:
             raise
         except Exception as error:
-            raise RuntimeError(f"the prefetch thread failed: {error}") from error
+            raise RuntimeError(f"loading failed: {error}") from error
 
-    return get
+    return next_produced
 
 
 def _shutdown_without_join(self: Any) -> None:
