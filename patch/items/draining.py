@@ -12,8 +12,8 @@ from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 def _drain(source: LightningSource) -> None:
     epoch_loop = source.module("loops.training_epoch_loop")
     epoch_loop.add_import(
-        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, WeightChanges,"
-        " configured_optimizer_steps, drain, epoch_stopped_early"
+        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, drain,"
+        " epoch_stopped_early, optimizer_steps"
     )
     epoch_loop.add_import("import warnings")
     epoch_loop.add_import(

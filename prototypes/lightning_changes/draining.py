@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loops.utilities import _is_max_limit_reached
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from prototypes.common import NoProgressGuard, RanksVote, vote
 
@@ -55,45 +57,57 @@ def drain(
 
 
 # [RFC 3]
-@contextlib.contextmanager
-def configured_optimizer_steps(trainer: pl.Trainer) -> Iterator[list[torch.optim.Optimizer]]:
-    """While it is open, every ``step()`` of an optimizer the module configured is appended to the list it yields,
-    whether the step went through Lightning's wrapper (``self.optimizers()``) or the raw optimizer
-    (``self.optimizers(use_pl_optimizer=False)``, as TorchRec's examples hand it to a pipeline).
+@dataclass
+class OptimizerSteps:
+    """The optimizer steps taken during a drain call (``optimizer_steps``)."""
 
-    Why hooks only around a drain call: the drain rule (C17) is the one reader, and the regular path pays nothing;
-    removed on exit, so the Trainer stays picklable and deep-copyable.
+    configured: list[torch.optim.Optimizer] = field(default_factory=list)  # steps of optimizers the module configured
+    unconfigured: bool = False  # an optimizer it did not configure stepped, and not inside a configured one's step
+
+
+# [RFC 3]
+@contextlib.contextmanager
+def optimizer_steps(trainer: pl.Trainer) -> Iterator[OptimizerSteps]:
+    """While it is open, every optimizer ``step()`` is recorded in the ``OptimizerSteps`` it yields: a step of an
+    optimizer the module configured, whether it went through Lightning's wrapper (``self.optimizers()``) or the raw
+    optimizer (``self.optimizers(use_pl_optimizer=False)``, as TorchRec's examples hand it to a pipeline), and
+    whether an optimizer the module did not configure stepped on its own (a combined optimizer stepping its parts
+    inside a configured one's step does not count): how the loop tells that a drain call which looks idle to the
+    drain rule trained all the same, with an optimizer it cannot see.
+
+    Why torch's global step hooks, only around a drain call: they see every optimizer, the drain rule (C17) is the one
+    reader, and the regular path pays nothing; removed on exit, so the Trainer stays picklable and deep-copyable.
     """
-    stepped: list[torch.optim.Optimizer] = []
-    handles = [
-        optimizer.register_step_post_hook(lambda opt, *_: stepped.append(opt)) for optimizer in trainer.optimizers
-    ]
+    steps = OptimizerSteps()
+    configured = {id(optimizer) for optimizer in trainer.optimizers}
+    inside_configured = 0
+
+    def before(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        nonlocal inside_configured
+        inside_configured += id(optimizer) in configured
+
+    def after(optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        nonlocal inside_configured
+        if id(optimizer) in configured:
+            inside_configured -= 1
+            steps.configured.append(optimizer)
+        elif not inside_configured:
+            steps.unconfigured = True
+
+    handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
     try:
-        yield stepped
+        yield steps
     finally:
         for handle in handles:
             handle.remove()
 
 
-# [RFC 3]
-class WeightChanges:
-    """Whether the module's weights changed in place since it was made (``changed()``): how the loop tells that a drain
-    call which looks idle to the drain rule trained all the same, with something it cannot see (an optimizer the module
-    did not configure)."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self._parameters = list(module.parameters())
-        self._versions = [parameter._version for parameter in self._parameters]
-
-    def changed(self) -> bool:
-        return any(p._version != v for p, v in zip(self._parameters, self._versions, strict=True))
-
-
 DRAIN_CALL_TRAINED_UNSEEN = (
-    "a drain call of `training_step(dataloader_iter)` changed the module's weights but returned None and stepped no"
-    " optimizer from `configure_optimizers`, so the loop took it for idle and ended the draining: batches the step"
-    " still holds will not be trained. Step an optimizer that `configure_optimizers` returns (Lightning's wrapper"
-    " or `self.optimizers(use_pl_optimizer=False)`), or return the loss of the batch the call trained."
+    "a drain call of `training_step(dataloader_iter)` stepped an optimizer that `configure_optimizers` did not return,"
+    " but returned None and stepped none that it returned, so the loop took it for idle and ended the draining:"
+    " batches the step still holds will not be trained. Step an optimizer that `configure_optimizers` returns"
+    " (Lightning's wrapper or `self.optimizers(use_pl_optimizer=False)`), or return the loss of the batch the call"
+    " trained."
 )
 
 

@@ -24,10 +24,9 @@ from prototypes.common import (
 from prototypes.lightning_changes.draining import (
     DRAIN_CALL_TRAINED_UNSEEN,
     HELD_BATCHES_NOT_DRAINED,
-    WeightChanges,
-    configured_optimizer_steps,
     drain,
     epoch_stopped_early,
+    optimizer_steps,
 )
 
 
@@ -123,14 +122,13 @@ class DrainsHeldBatches:
         pipelines refill their queue with ``next(it, None)`` while they still hold batches.
         """
         trainer = self.trainer
-        weights = WeightChanges(trainer.lightning_module)
         trainer._logger_connector.on_batch_start(None)
         # Why count the configured optimizers' own steps, not `global_step`: a step may hand a pipeline the raw
         # optimizer, whose steps Lightning's counts never see; they are work all the same (C17)
-        with configured_optimizer_steps(trainer) as steps:
+        with optimizer_steps(trainer) as steps:
             stopped, outputs = self._run_drain_call()
         trainer._logger_connector.on_batch_end()
-        stepped = bool(steps)
+        stepped = bool(steps.configured)
         if stepped:
             # Why count here: Lightning counts the logging step of a call (`_batches_that_stepped`) in
             # `on_advance_end`, once per `advance`, and the drain calls run inside the `advance` of the call that took
@@ -144,7 +142,7 @@ class DrainsHeldBatches:
         # may return nothing, and its optimizers' steps are what tells
         manual = not trainer.lightning_module.automatic_optimization
         idle = not (outputs or (manual and stepped))
-        if idle and not stopped and weights.changed():
+        if idle and not stopped and steps.unconfigured:
             warnings.warn(DRAIN_CALL_TRAINED_UNSEEN, UserWarning, stacklevel=2)
         return stopped or idle
 

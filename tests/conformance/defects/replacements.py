@@ -13,6 +13,7 @@ from pytorch_lightning.trainer import call
 
 from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 from prototypes.common import RanksVote
+from prototypes.lightning_changes.draining import OptimizerSteps
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import prefetch_thread
 from prototypes.prefetcher import producer as prefetch_producer
@@ -253,15 +254,28 @@ def _warns_but_keeps_the_gradients(trainer: Any, consumed: int) -> None:
 
 
 @contextlib.contextmanager
-def _counts_only_wrapper_steps(trainer: Any) -> Iterator[list]:
+def _counts_only_wrapper_steps(trainer: Any) -> Iterator[OptimizerSteps]:
     """Counts a drain call's optimizer steps from ``global_step``: the raw optimizer's steps go unseen."""
-    stepped: list = []
+    steps = OptimizerSteps()
     before = trainer.global_step
     try:
-        yield stepped
+        yield steps
     finally:
         if trainer.global_step > before:
-            stepped.append(trainer.optimizers[0])
+            steps.configured.append(trainer.optimizers[0])
+
+
+@contextlib.contextmanager
+def _sees_only_configured_optimizers(trainer: Any) -> Iterator[OptimizerSteps]:
+    """Records the configured optimizers' steps only: an optimizer the module made itself steps unseen."""
+    steps = OptimizerSteps()
+    handles = [optimizer.register_step_post_hook(lambda opt, *_: steps.configured.append(opt))
+               for optimizer in trainer.optimizers]
+    try:
+        yield steps
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _discards_silently(trainer: Any, consumed: int) -> None:
