@@ -90,5 +90,8 @@ unchanged.
             "once"
         )),
     ),
-    tests=("loops/optimization/test_dataloader_iter_cut_short.py",),
+    tests=(
+        "loops/optimization/test_dataloader_iter_accumulation.py",
+        "loops/optimization/test_dataloader_iter_cut_short.py",
+    ),
 )

@@ -31,4 +31,5 @@ flavour, and also closes the window at the epoch's last batch as the optimisatio
             "`training_step(dataloader_iter)` takes several batches per call"
         )),
     ),
+    tests=("tuner/test_lr_finder_dataloader_iter.py",),
 )

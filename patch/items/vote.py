@@ -52,4 +52,5 @@ the fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
             " of data in the collective Lightning already makes before each call"
         )),
     ),
+    tests=("loops/test_dataloader_iter_ddp.py",),
 )
