@@ -13,6 +13,7 @@ Lightning release that moved the code) stops with an error that names the place.
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -218,9 +219,36 @@ class ModuleSource:
         else:
             self._splice(node.end_lineno + 1, node.end_lineno, text)
 
-    def replace_statement(self, qualname: str, matches: Predicate, code: str) -> None:
+    def replace_statement(self, qualname: str, matches: Predicate, code: str, *, comments_above: bool = False) -> None:
+        """Replace the one statement of ``qualname`` that ``matches`` with ``code``; with ``comments_above``, the
+        comment lines right above it too (a comment that describes what the statement did)."""
         node = self.statement(qualname, matches)
-        self._splice(self._start_line(node), node.end_lineno, self._indented(code, self._indent_of(node)))
+        start = self._start_line(node)
+        if comments_above:
+            lines = self.lines
+            while start > 1 and lines[start - 2].lstrip().startswith("#"):
+                start -= 1
+        self._splice(start, node.end_lineno, self._indented(code, self._indent_of(node)))
+
+    def remove_statement(self, qualname: str, matches: Predicate) -> None:
+        node = self.statement(qualname, matches)
+        self._splice(self._start_line(node), node.end_lineno, "")
+
+    def substitute(self, qualname: str, pattern: str, replacement: str | Callable[[re.Match], str]) -> None:
+        """``re.sub`` over the lines of ``qualname``'s definition, each line on its own (``^`` and ``$`` are its
+        ends); the pattern must match at least once."""
+        node = self.definition(qualname)
+        start, end = self._start_line(node), node.end_lineno
+        lines = self.lines
+        changed, count = [], 0
+        for line in lines[start - 1:end]:
+            text, ending = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+            text, n = re.subn(pattern, replacement, text)
+            changed.append(text + ending)
+            count += n
+        if not count:
+            raise PlaceNotFound(f"{self.name}: nothing in {qualname!r} matches {pattern!r}")
+        self._splice(start, end, "".join(changed))
 
     def add_parameters(self, qualname: str, parameters: str) -> None:
         """Add keyword parameters (``"progress: Optional[_Progress] = None"``) after a function's last parameter."""
@@ -315,6 +343,15 @@ def calls(function: str) -> Predicate:
             and isinstance(value, ast.Call)
             and ast.unparse(value.func) == function
         )
+
+    return matches
+
+
+def asserts(dotted: str) -> Predicate:
+    """An ``assert`` statement whose test reads ``dotted`` (``"model.batch_start_ins"``)."""
+
+    def matches(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Assert) and _reads(node.test, dotted)
 
     return matches
 

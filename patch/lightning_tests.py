@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness_common import code_revision
-from patch.items import TESTS_HERE
+from patch.edits import ModuleSource
+from patch.items import ITEMS, TESTS_HERE
 from patch.lightning_test_differences import classify_report
 
 # Lightning's packages as the repository's tests import them -> as the standalone PyPI packages name them.
@@ -45,6 +46,8 @@ DEFAULT_SELECTION = ("loops", "trainer", "tuner", "callbacks", "profilers", "che
 TEST_ROOT = Path("tests") / "tests_pytorch"
 # the tests the stack adds, each module a path under TEST_ROOT (run as a selection of its own)
 STACK_TEST_MODULES = tuple(sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("test_*.py")))
+# Lightning's tests the stack updates, in the order of its items: each fails on stock, as a test the stack adds does
+UPDATED_TESTS = tuple(updated for item in ITEMS for updated in item.updated_tests)
 # The legacy-checkpoint tests read their version list from here.
 LEGACY_ROOT = Path("tests") / "legacy"
 # What Lightning's CPU CI installs for its tests, less the distributed strategies' packages (DeepSpeed): the test
@@ -108,7 +111,8 @@ def copy_rewritten(source: Path, destination: Path) -> int:
 
 def prepare_tree(checkout: Path, destination: Path, with_stack_tests: bool = False) -> int:
     """Lay out the checkout's tests under ``destination`` as the repository does, with the imports rewritten, and the
-    tests the stack adds (``patch/tests_pytorch``) among them where ``with_stack_tests``.
+    tests the stack adds (``patch/tests_pytorch``) among them where ``with_stack_tests``, with Lightning's tests the
+    stack updates (each item's ``updated_tests``) updated as its commits update them.
 
     ``tests/`` has no ``__init__.py``, so pytest puts it on ``sys.path`` and ``tests_pytorch.helpers`` imports; the
     checkout's ``pyproject.toml`` carries Lightning's pytest options (strict markers, warning filters, strict xfail).
@@ -116,6 +120,8 @@ def prepare_tree(checkout: Path, destination: Path, with_stack_tests: bool = Fal
     changed = copy_rewritten(checkout / TEST_ROOT, destination / TEST_ROOT)
     if with_stack_tests:
         changed += copy_rewritten(TESTS_HERE, destination / TEST_ROOT)
+        for updated in UPDATED_TESTS:
+            updated.edit(ModuleSource(destination / TEST_ROOT / updated.module, updated.module))
     if (checkout / LEGACY_ROOT).is_dir():
         changed += copy_rewritten(checkout / LEGACY_ROOT, destination / LEGACY_ROOT)
     shutil.copy2(checkout / "pyproject.toml", destination / "pyproject.toml")
@@ -312,19 +318,31 @@ def run_summary(python: str, run: dict) -> dict:
     }
 
 
+def _test_id(module: str) -> str:
+    return f"tests.tests_pytorch.{module.removesuffix('.py').replace('/', '.')}"
+
+
 def stack_test_ids() -> list[str]:
-    """The ids (as the runner's junit names them) of the test modules the stack adds: ``tests.tests_pytorch.<module>``
-    prefixes, one per module."""
-    return [f"tests.tests_pytorch.{module.removesuffix('.py').replace('/', '.')}" for module in STACK_TEST_MODULES]
+    """The ids (as the runner's junit names them) of the tests the stack adds or updates:
+    ``tests.tests_pytorch.<module>`` for a module it adds, ``<module>::<test>`` for a test of Lightning's it updates
+    (each of its parametrisations)."""
+    return [_test_id(module) for module in STACK_TEST_MODULES] + [
+        f"{_test_id(updated.module)}::{updated.test}" for updated in UPDATED_TESTS
+    ]
+
+
+def is_stack_test(test_id: str) -> bool:
+    """Whether ``test_id`` is one of ``stack_test_ids``, or a test of a module or a parametrisation of a test there."""
+    return any(test_id == known or test_id.startswith((f"{known}::", f"{known}["))
+               for known in stack_test_ids())
 
 
 def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict[str, str]]:
     """Each test of the stack's modules with its outcome on the two builds, and whether it shows the change: failed
     (or errored) on stock and passed on the stack."""
-    prefixes = tuple(f"{module}::" for module in stack_test_ids())
     rows = []
     for test_id in sorted(set(stock) | set(patched)):
-        if test_id.startswith(prefixes):
+        if is_stack_test(test_id):
             # a module that does not import on one build (it names what the stack adds) errs as a whole there
             module_error = stock.get(f"::{test_id.split('::')[0]}")
             before = stock[test_id].outcome if test_id in stock else module_error.outcome if module_error else "absent"
@@ -384,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         # only the checkpointing tests load them, and writing the local one needs the test requirements
         if any(selected.split("/")[0] == "checkpointing" for selected in args.select):
             report["legacy_checkpoints"] = prepare_legacy_checkpoints(args.python, tree)
-        selection = [*args.select, *(STACK_TEST_MODULES if args.stack_tests else ())]
+        stack_selection = [*STACK_TEST_MODULES, *sorted({updated.module for updated in UPDATED_TESTS})]
+        selection = [*args.select, *(stack_selection if args.stack_tests else ())]
         for label, python in interpreters.items():
             runs[label] = run_selection(python, tree, selection, label, args.timeout)
             report["runs"][label] = run_summary(python, runs[label])
@@ -397,8 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.stack_tests:
             report["stack_tests"] = judge_stack_tests(stock, patched)
             report["setup"] = code_revision(Path(__file__).parent)  # the revision of the stack's tests
-            report["differences"] = [row for row in report["differences"]
-                                     if not row["test"].startswith(tuple(stack_test_ids()))]
+            report["differences"] = [row for row in report["differences"] if not is_stack_test(row["test"])]
         stale = classify_report(report) if args.select else []  # a run of the stack's tests alone judges no entry
         for key in stale:
             print(f"stale: {key} names no difference: remove it from patch.lightning_test_differences", flush=True)

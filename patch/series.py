@@ -287,18 +287,24 @@ def describe(number: int, pull_request: PullRequest, rows: list[dict]) -> str:
 
 
 def _tests_lines(made: list[Item]) -> list[str]:
-    """The test modules the items add to Lightning's tests, with their tests (read from ``patch/tests_pytorch``)."""
+    """The test modules the items add to Lightning's tests, with their tests (read from ``patch/tests_pytorch``), and
+    Lightning's tests they update."""
     modules = [module for item in made for module in item.tests]
+    updated = [test for item in made for test in item.updated_tests]
     if not modules:
-        return ["No test of its own under `tests/tests_pytorch` yet."]
-    lines = [f"In `{TEST_ROOT.as_posix()}` (the stack made on Lightning's repository carries them; the sdist has"
-             " no tests); `python -m patch.lightning_tests --stack-tests` runs each on stock and on the stack, where it"
-             " must fail and pass:", ""]
+        lines = ["No test of its own under `tests/tests_pytorch` yet."]
+    else:
+        lines = [f"In `{TEST_ROOT.as_posix()}` (the stack made on Lightning's repository carries them; the sdist"
+                 " has no tests); `python -m patch.lightning_tests --stack-tests` runs each on stock and on the stack,"
+                 " where it must fail and pass:", ""]
     for module in modules:
         tree = ast.parse((TESTS_HERE / module).read_text())
         names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
         what = ", ".join(f"`{name}`" for name in names) or " ".join((ast.get_docstring(tree) or "").split())
         lines.append(f"- `{module}`: {what}")
+    if updated:
+        lines += ["", "Lightning's tests that asserted the old behaviour, updated in the commit that changes it:", ""]
+        lines += [f"- `{test.module}::{test.test}`: {' '.join(test.why.split())}" for test in updated]
     return lines
 
 

@@ -103,8 +103,8 @@ def commit_message(commit: Commit, items: tuple[Item, ...] = ITEMS) -> str:
     made = items_of(commit, items)
     subject = commit.subject or made[0].title
     if len(made) == 1:
-        return f"{subject}\n\n{made[0].why.strip()}\n"
-    return f"{subject}\n\n" + "\n\n".join(f"{item.title}:\n{item.why.strip()}" for item in made) + "\n"
+        return f"{subject}\n\n{made[0].body()}\n"
+    return f"{subject}\n\n" + "\n\n".join(f"{item.title}:\n{item.body()}" for item in made) + "\n"
 
 
 def check_stack(stack: tuple[PullRequest, ...] = STACK, items: tuple[Item, ...] = ITEMS) -> None:

@@ -10,10 +10,12 @@ import pytest
 from patch.lightning_test_differences import Deliberate, Regression, classify, classify_report
 from patch.lightning_tests import (
     STACK_TEST_MODULES,
+    UPDATED_TESTS,
     Outcome,
     copy_rewritten,
     count_outcomes,
     diff_outcomes,
+    is_stack_test,
     judge_stack_tests,
     missing_requirements,
     parse_junit,
@@ -224,3 +226,11 @@ def test_the_stack_tests_are_the_modules_written_for_lightning_and_each_is_judge
                              {f"{module}::test_new": Outcome("passed")}) == [
         dict(test=f"{module}::test_new", stock="error", patched="passed", shows_the_change=True),
     ]
+
+
+def test_an_updated_test_of_lightnings_is_a_stack_test_in_each_parametrisation_and_nothing_else_of_its_module():
+    updated = UPDATED_TESTS[0]
+    test_id = f"tests.tests_pytorch.{updated.module.removesuffix('.py').replace('/', '.')}::{updated.test}"
+    assert is_stack_test(test_id) and is_stack_test(f"{test_id}[False]")
+    assert not is_stack_test(f"{test_id}_elsewhere") and not is_stack_test(test_id.split("::")[0] + "::test_other")
+

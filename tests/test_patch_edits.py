@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patch.edits import LightningSource, ModuleSource, PlaceNotFound, assigns, calls
+from patch.edits import LightningSource, ModuleSource, PlaceNotFound, asserts, assigns, calls
 
 MODULE = textwrap.dedent('''\
     """A loop."""
@@ -134,6 +134,49 @@ def test_replace_statement_and_add_import(module):
     text = module.path.read_text()
     assert "        batch = next(self.iterator)\n" in text and "self.fetch()" not in text
     assert "import os\nimport sys\n" in text
+
+
+TEST_MODULE = textwrap.dedent('''\
+    def test_counts(tmp_path):
+        model = fit(tmp_path)
+        # the count of step calls
+        # (one per batch)
+        assert model.calls == 4
+        assert model.batches == 4
+        if model.slow:
+            model.wait()
+        assert model.record["training"]["raised"] == 0
+        assert model.record["validation"]["raised"] == 0
+''')
+
+
+@pytest.fixture
+def test_module(tmp_path: Path) -> ModuleSource:
+    (tmp_path / "test_counts.py").write_text(TEST_MODULE)
+    return ModuleSource(tmp_path / "test_counts.py", "tests.test_counts")
+
+
+def test_an_assert_is_named_by_what_it_reads_and_replaced_with_the_comments_above_it(test_module):
+    assert test_module.statement("test_counts", asserts("model.batches")).lineno == 6
+    test_module.replace_statement("test_counts", asserts("model.calls"), "assert model.calls == 5  # a drain call",
+                                  comments_above=True)
+    text = test_module.path.read_text()
+    assert "    model = fit(tmp_path)\n    assert model.calls == 5  # a drain call\n    assert model.batches" in text
+
+
+def test_remove_statement_drops_the_one_statement_that_matches(test_module):
+    test_module.remove_statement("test_counts", lambda node: type(node).__name__ == "If")
+    assert "slow" not in test_module.path.read_text() and "wait" not in test_module.path.read_text()
+
+
+def test_substitute_rewrites_each_line_of_a_definition_and_refuses_a_pattern_matching_nothing(test_module):
+    test_module.substitute("test_counts", r'\["(training|validation)"\]\["raised"\] == 0$',
+                           lambda found: f'["{found[1]}"]["raised"] == drains("{found[1]}")')
+    text = test_module.path.read_text()
+    assert '["training"]["raised"] == drains("training")\n' in text
+    assert '["validation"]["raised"] == drains("validation")\n' in text
+    with pytest.raises(PlaceNotFound, match=re.escape("nothing in 'test_counts' matches")):
+        test_module.substitute("test_counts", r"never there", "")
 
 
 def test_an_edit_that_leaves_the_module_unparsable_is_an_error(module):

@@ -5,14 +5,27 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patch.edits import LightningSource
+from patch.edits import LightningSource, ModuleSource
 
 # the items' tests, at the paths they take under Lightning's tests/tests_pytorch
 TESTS_HERE = Path(__file__).resolve().parent.parent / "tests_pytorch"
+
+
+@dataclass(frozen=True)
+class UpdatedTest:
+    """One of Lightning's tests that asserts what an item changes: ``test`` in ``module`` (a path under
+    ``tests/tests_pytorch``), ``why`` its assertion changes (the commit message says it), and ``edit``, which updates
+    it in that module's source (as ``apply_edits`` edits Lightning's package)."""
+
+    module: str
+    test: str
+    why: str
+    edit: Callable[[ModuleSource], None]
 
 
 @dataclass(frozen=True)
@@ -25,7 +38,8 @@ class Item:
     ``changelog``: the item's entries in Lightning's ``CHANGELOG.md``, each ``(section, entry)`` (``"Added"``,
     ``"Changed"``, ``"Fixed"``), what a user reads in the release notes. ``tests``: the test modules the item adds to
     Lightning's ``tests/tests_pytorch`` (paths under it), written here in ``patch/tests_pytorch/`` at the same paths;
-    they go where Lightning's tests are, so into the stack made on Lightning's repository (the sdist has none)."""
+    they go where Lightning's tests are, so into the stack made on Lightning's repository (the sdist has none), as do
+    ``updated_tests``, Lightning's own tests that assert what the item changes, updated in the item's commit."""
 
     number: int
     title: str
@@ -34,10 +48,11 @@ class Item:
     part: str = ""
     changelog: tuple[tuple[str, str], ...] = ()
     tests: tuple[str, ...] = ()
+    updated_tests: tuple[UpdatedTest, ...] = ()
 
     def apply(self, source: LightningSource, tests_root: Path | None = None) -> None:
-        """The item's edits and CHANGELOG entries; its tests too where ``tests_root`` (the tree's
-        ``tests/tests_pytorch``) is given."""
+        """The item's edits and CHANGELOG entries; its tests and its updates of Lightning's tests too where
+        ``tests_root`` (the tree's ``tests/tests_pytorch``) is given."""
         if self.apply_edits is not None:
             self.apply_edits(source)
         for section, entry in self.changelog:
@@ -45,9 +60,23 @@ class Item:
         for test in self.tests if tests_root is not None else ():
             (tests_root / test).parent.mkdir(parents=True, exist_ok=True)
             (tests_root / test).write_text((TESTS_HERE / test).read_text())
+        for updated in self.updated_tests if tests_root is not None else ():
+            dotted = updated.module.removesuffix(".py").replace("/", ".")
+            updated.edit(ModuleSource(tests_root / updated.module, f"tests_pytorch.{dotted}"))
+
+    def body(self) -> str:
+        """What a commit of this item says below its subject: ``why``, then the Lightning tests it updates and why."""
+        if not self.updated_tests:
+            return self.why.strip()
+        updates = "\n".join(
+            textwrap.fill(f"- `{u.module}::{u.test}`: {u.why}", width=120, subsequent_indent="  ")
+            for u in self.updated_tests
+        )
+        return (f"{self.why.strip()}\n\nIn Lightning's repository this also updates the tests that asserted the old"
+                f" behaviour:\n{updates}")
 
     def commit_message(self) -> str:
-        return f"[RFC {self.number}] {self.title}\n\n{self.why.strip()}\n"
+        return f"[RFC {self.number}] {self.title}\n\n{self.body()}\n"
 
 
 

@@ -1,7 +1,7 @@
 """[RFC 3] Drain a pipelining step at the end of the data."""
 
-from patch.edits import LightningSource
-from patch.items import Item
+from patch.edits import LightningSource, ModuleSource
+from patch.items import Item, UpdatedTest
 from patch.items.look_ahead import LIGHTNING_PACKAGE
 from patch.transplant import methods_source
 from prototypes.common import NoProgressGuard
@@ -65,6 +65,46 @@ def _drain(source: LightningSource) -> None:
     )
 
 
+STEP_METHODS_TEST = "test_step_methods_with_dataloader_iter"
+# the limit of each stage's batches, as the test names it
+STAGE_LIMITS = {
+    "training": "limit_train_batches", "sanity_validation": "limit_sanity_val_batches",
+    "validation": "limit_eval_batches", "test": "limit_eval_batches", "predict": "limit_eval_batches",
+}
+
+
+def count_drain_calls(test: ModuleSource, stages: tuple[str, ...]) -> None:
+    """In Lightning's test of the step methods (two batches per call), the stages' counts of step calls entered and
+    of StopIteration raised include the drain call (``calls`` and ``drain_calls``, which the training stage's update
+    adds)."""
+    alternatives = "|".join(stages)
+    test.substitute(
+        STEP_METHODS_TEST,
+        rf'\["({alternatives})"\]\["entered"\] == length\(data, (\w+)\) // fetches_per_step$',
+        r'["\1"]["entered"] == calls(data, \2)',
+    )
+    test.substitute(
+        STEP_METHODS_TEST,
+        rf'\["({alternatives})"\]\["raised"\] == 0$',
+        lambda found: f'["{found[1]}"]["raised"] == drain_calls(data, {STAGE_LIMITS[found[1]]})',
+    )
+
+
+def _training_counts_its_drain_call(test: ModuleSource) -> None:
+    test.insert(
+        """
+        def drain_calls(iterable, limit):
+            # a step whose only call took more than one batch may hold one: the loop calls it once more, without one
+            return int(length(iterable, limit) == fetches_per_step)
+
+        def calls(iterable, limit):
+            return length(iterable, limit) // fetches_per_step + drain_calls(iterable, limit)
+        """,
+        after=f"{STEP_METHODS_TEST}.length",
+    )
+    count_drain_calls(test, ("training",))
+
+
 ITEM = Item(
     3,
     "Drain a pipelining step at the end of the data",
@@ -90,4 +130,12 @@ travels in the vote between the calls (no collective of its own).
         )),
     ),
     tests=("loops/test_dataloader_iter_drain.py",),
+    updated_tests=(
+        UpdatedTest(
+            "loops/test_fetchers.py", STEP_METHODS_TEST,
+            "where the training data is a single call's two batches, the loop drains it: the step is entered once "
+            "more and its next() raises StopIteration",
+            _training_counts_its_drain_call,
+        ),
+    ),
 )

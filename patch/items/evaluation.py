@@ -4,8 +4,9 @@ batch."""
 import ast
 
 import prototypes.prefetcher.loops
-from patch.edits import LightningSource, assigns
-from patch.items import Item
+from patch.edits import LightningSource, ModuleSource, assigns
+from patch.items import Item, UpdatedTest
+from patch.items.draining import STEP_METHODS_TEST, count_drain_calls
 from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, PACKAGE
 from patch.transplant import methods_source, module_source
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
@@ -114,6 +115,10 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
     )
 
 
+def _evaluation_counts_its_drain_calls(test: ModuleSource) -> None:
+    count_drain_calls(test, ("sanity_validation", "validation", "test", "predict"))
+
+
 ITEM = Item(
     7,
     "Evaluation and prediction steps get one iterator per dataloader; their batch-start hooks, the call's first batch",
@@ -135,4 +140,12 @@ joins the run's logged aggregates, a prediction drain call's prediction joins th
         )),
     ),
     tests=("loops/test_dataloader_iter_evaluation.py",),
+    updated_tests=(
+        UpdatedTest(
+            "loops/test_fetchers.py", STEP_METHODS_TEST,
+            "where an evaluation or prediction dataloader is a single call's two batches, the loop drains it: the "
+            "step is entered once more and its next() raises StopIteration",
+            _evaluation_counts_its_drain_calls,
+        ),
+    ),
 )

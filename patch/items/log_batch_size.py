@@ -2,8 +2,8 @@
 
 import ast
 
-from patch.edits import LightningSource
-from patch.items import Item
+from patch.edits import LightningSource, ModuleSource, calls
+from patch.items import Item, UpdatedTest
 from patch.transplant import definition_source
 from prototypes.lightning_changes.log_batch_size import samples_in
 
@@ -31,6 +31,12 @@ def _batch_size_from_the_loop(source: LightningSource) -> None:
     )
 
 
+def _log_without_batch_size(test: ModuleSource) -> None:
+    step = "test_fetching_dataloader_iter_opt.TestModel.training_step"
+    test.remove_statement(step, lambda node: isinstance(node, ast.With) and "pytest.raises" in ast.unparse(node))
+    test.replace_statement(step, calls("self.log"), 'self.log("train_loss", loss["loss"])')
+
+
 ITEM = Item(
     9,
     "self.log infers the batch size from the samples the step consumed",
@@ -48,4 +54,12 @@ asked for when a batch's size cannot be inferred.
         )),
     ),
     tests=("core/test_dataloader_iter_log.py",),
+    updated_tests=(
+        UpdatedTest(
+            "loops/test_fetchers.py", "test_fetching_dataloader_iter_opt",
+            "`self.log` without `batch_size=` no longer raises: the batch size is inferred from the batches the step "
+            "consumed",
+            _log_without_batch_size,
+        ),
+    ),
 )

@@ -15,8 +15,8 @@ import prototypes.lightning_changes.optimization
 import prototypes.prefetcher.fetcher
 import prototypes.prefetcher.producer
 import prototypes.prefetcher.step_calls
-from patch.edits import LightningSource, assigns, calls
-from patch.items import Item
+from patch.edits import LightningSource, ModuleSource, asserts, assigns, calls
+from patch.items import Item, UpdatedTest
 from patch.transplant import definition_source, module_source
 
 PACKAGE = "loops._dataloader_iter"
@@ -153,6 +153,37 @@ def _look_ahead(source: LightningSource) -> None:
     )
 
 
+def _training_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
+    test.replace_statement(
+        "test_training_loop_dataloader_iter_multiple_dataloaders", asserts("model.batch_start_ins"),
+        "assert model.batch_start_ins == model.step_outs",
+    )
+
+
+def _evaluation_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
+    test.replace_statement(
+        "test_evaluation_loop_dataloader_iter_multiple_dataloaders", asserts("model.batch_start_ins"),
+        """
+        # on_validation_batch_start receives the batch the step gets first: the fetcher looks one batch ahead
+        assert model.batch_start_ins == model.step_outs
+        """,
+        comments_above=True,
+    )
+
+
+def _prediction_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
+    test.replace_statement(
+        "test_prediction_loop_with_iterable_dataset", asserts("model.batch_start_ins"),
+        "assert model.batch_start_ins == model.step_outs",
+    )
+
+
+START_HOOK_SEES_THE_STEP_BATCH = (
+    "the batch-start hook received the previous call's batch (None at the first); it now receives the batch the "
+    "step gets first"
+)
+
+
 ITEM = Item(
     2,
     "Look one batch ahead: one dataloader_iter per loop over a dataloader, from a fetcher of consumed batches",
@@ -185,4 +216,18 @@ filter it or make it an error by its category.
         )),
     ),
     tests=("helpers/dataloader_iter.py", "loops/test_dataloader_iter_fetcher.py"),
+    updated_tests=(
+        UpdatedTest(
+            "loops/test_training_epoch_loop.py", "test_training_loop_dataloader_iter_multiple_dataloaders",
+            START_HOOK_SEES_THE_STEP_BATCH, _training_start_hook_sees_the_step_batch,
+        ),
+        UpdatedTest(
+            "loops/test_evaluation_loop.py", "test_evaluation_loop_dataloader_iter_multiple_dataloaders",
+            START_HOOK_SEES_THE_STEP_BATCH, _evaluation_start_hook_sees_the_step_batch,
+        ),
+        UpdatedTest(
+            "loops/test_prediction_loop.py", "test_prediction_loop_with_iterable_dataset",
+            START_HOOK_SEES_THE_STEP_BATCH, _prediction_start_hook_sees_the_step_batch,
+        ),
+    ),
 )

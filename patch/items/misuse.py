@@ -3,8 +3,8 @@
 import ast
 import json
 
-from patch.edits import LightningSource, calls
-from patch.items import Item
+from patch.edits import LightningSource, ModuleSource, calls
+from patch.items import Item, UpdatedTest
 from patch.items.look_ahead import LIGHTNING_PACKAGE
 from patch.transplant import definition_source
 from prototypes.common import DATALOADER_ITER, refuse_mixed_step_signature
@@ -47,6 +47,23 @@ def _refuse_misuse(source: LightningSource) -> None:
     )
 
 
+def _foreign_stop_iteration_is_an_error(test: ModuleSource) -> None:
+    name = "test_stop_iteration_with_dataloader_iter"
+    test.remove_statement(name, lambda n: isinstance(n, ast.If) and ast.unparse(n.test) == "trigger_stop_iteration")
+    test.insert_in_body(
+        name,
+        """
+        if trigger_stop_iteration:
+            # this StopIteration does not come from dataloader_iter, which has batches left: ending the epoch there
+            # would silently skip them
+            with pytest.raises(RuntimeError, match="did not come from dataloader_iter"):
+                trainer.fit(m)
+            return
+        """,
+        before=calls("trainer.fit"),
+    )
+
+
 ITEM = Item(
     10,
     "Misuse of the dataloader_iter flavour is refused with a message that names the fix",
@@ -67,4 +84,12 @@ now a RuntimeError that says so.
         )),
     ),
     tests=("loops/test_dataloader_iter_misuse.py",),
+    updated_tests=(
+        UpdatedTest(
+            "loops/test_fetchers.py", "test_stop_iteration_with_dataloader_iter",
+            "the step raises a StopIteration of its own while dataloader_iter has batches left: that is now an error "
+            "naming the fix, where it ended the epoch",
+            _foreign_stop_iteration_is_an_error,
+        ),
+    ),
 )

@@ -2,8 +2,8 @@
 
 import ast
 
-from patch.edits import LightningSource, assigns, calls
-from patch.items import Item
+from patch.edits import LightningSource, ModuleSource, asserts, assigns, calls
+from patch.items import Item, UpdatedTest
 from patch.transplant import methods_source
 from prototypes.lightning_changes.progress import CountsConsumed
 
@@ -73,6 +73,14 @@ def _val_check_by_iteration(node: ast.stmt) -> bool:
     return assigns("is_val_check_batch")(node) and "current_iteration" in ast.unparse(node)
 
 
+def _progress_counts_64_batches(test: ModuleSource) -> None:
+    test.replace_statement(
+        "test_fetching_dataloader_iter_opt.TestModel.on_train_epoch_end",
+        asserts("self.trainer.fit_loop.epoch_loop.batch_progress.current.ready"),
+        "assert self.trainer.fit_loop.epoch_loop.batch_progress.current.ready == 64",
+    )
+
+
 ITEM = Item(
     1,
     "Batch progress counts the batches handed out, not step calls",
@@ -90,5 +98,12 @@ each multiple of the interval; the flavour no longer validates at every epoch en
             " rather than its calls: `limit_train_batches`, `val_check_interval`, `log_every_n_steps`, the "
             "progress bar, checkpoints and resuming count batches"
         )),
+    ),
+    updated_tests=(
+        UpdatedTest(
+            "loops/test_fetchers.py", "test_fetching_dataloader_iter_opt",
+            "its step takes two batches per call: batch progress counts the 64 batches it consumed, not its 32 calls",
+            _progress_counts_64_batches,
+        ),
     ),
 )
