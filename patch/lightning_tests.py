@@ -337,9 +337,16 @@ def is_stack_test(test_id: str) -> bool:
                for known in stack_test_ids())
 
 
-def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict[str, str]]:
-    """Each test of the stack's modules with its outcome on the two builds, and whether it shows the change: failed
-    (or errored) on stock and passed on the stack."""
+def updated_test_of(test_id: str) -> str | None:
+    """The updated test of Lightning's (``<module>::<test>``) that ``test_id`` is a parametrisation of, or None."""
+    updated = [f"{_test_id(u.module)}::{u.test}" for u in UPDATED_TESTS]
+    return next((known for known in updated if test_id == known or test_id.startswith(f"{known}[")), None)
+
+
+def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict]:
+    """Each test of the stack's modules and each parametrisation of a test of Lightning's it updates (``updated``),
+    with its outcome on the two builds, and whether it shows the change: failed (or errored) on stock and passed on
+    the stack."""
     rows = []
     for test_id in sorted(set(stock) | set(patched)):
         if is_stack_test(test_id):
@@ -347,9 +354,22 @@ def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) ->
             module_error = stock.get(f"::{test_id.split('::')[0]}")
             before = stock[test_id].outcome if test_id in stock else module_error.outcome if module_error else "absent"
             after = patched[test_id].outcome if test_id in patched else "absent"
-            rows.append(dict(test=test_id, stock=before, patched=after,
+            rows.append(dict(test=test_id, stock=before, patched=after, updated=updated_test_of(test_id) is not None,
                              shows_the_change=before in ("failed", "error") and after == "passed"))
     return rows
+
+
+def stack_tests_not_shown(rows: list[dict]) -> list[str]:
+    """What the stack's tests fail to show: an added test that does not fail on stock and pass with the stack, a
+    parametrisation of an updated test that fails with the stack, and an updated test none of whose parametrisations
+    fails on stock (its update changed nothing the stack changes). Each with what is wrong."""
+    wrong = [f"{row['test']}: does not fail on stock and pass with the stack" for row in rows
+             if not row["updated"] and not row["shows_the_change"]]
+    wrong += [f"{row['test']}: fails with the stack" for row in rows if row["updated"] and row["patched"] != "passed"]
+    for test in sorted({updated_test_of(row["test"]) for row in rows if row["updated"]}):
+        if not any(row["shows_the_change"] for row in rows if updated_test_of(row["test"]) == test):
+            wrong.append(f"{test}: updated, but no parametrisation of it fails on stock")
+    return wrong
 
 
 def checkout_commit(checkout: Path, given: str | None) -> str:
@@ -423,9 +443,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps({label: run["counts"] for label, run in report["runs"].items()}), flush=True)
-    unshown = [row["test"] for row in report.get("stack_tests", []) if not row["shows_the_change"]]
-    for test in unshown:
-        print(f"{test}: does not fail on stock and pass with the stack", flush=True)
+    unshown = stack_tests_not_shown(report.get("stack_tests", []))
+    for line in unshown:
+        print(line, flush=True)
     return 1 if unshown else 0
 
 

@@ -23,6 +23,7 @@ from patch.lightning_tests import (
     requirement_name,
     rewrite_imports,
     stack_test_ids,
+    stack_tests_not_shown,
     versions_with_checkpoints,
 )
 
@@ -218,13 +219,13 @@ def test_the_stack_tests_are_the_modules_written_for_lightning_and_each_is_judge
     patched = {f"{module}::test_new": Outcome("passed"), f"{module}::test_kept": Outcome("passed"),
                "tests.tests_pytorch.loops.test_loops::test_other": Outcome("passed")}
     assert judge_stack_tests(stock, patched) == [
-        dict(test=f"{module}::test_kept", stock="passed", patched="passed", shows_the_change=False),
-        dict(test=f"{module}::test_new", stock="failed", patched="passed", shows_the_change=True),
+        dict(test=f"{module}::test_kept", stock="passed", patched="passed", updated=False, shows_the_change=False),
+        dict(test=f"{module}::test_new", stock="failed", patched="passed", updated=False, shows_the_change=True),
     ]
     # a module that names what only the stack has does not import on stock: its tests err there as one
     assert judge_stack_tests({f"::{module}": Outcome("error", "collection failure")},
                              {f"{module}::test_new": Outcome("passed")}) == [
-        dict(test=f"{module}::test_new", stock="error", patched="passed", shows_the_change=True),
+        dict(test=f"{module}::test_new", stock="error", patched="passed", updated=False, shows_the_change=True),
     ]
 
 
@@ -234,3 +235,15 @@ def test_an_updated_test_of_lightnings_is_a_stack_test_in_each_parametrisation_a
     assert is_stack_test(test_id) and is_stack_test(f"{test_id}[False]")
     assert not is_stack_test(f"{test_id}_elsewhere") and not is_stack_test(test_id.split("::")[0] + "::test_other")
 
+
+
+def test_an_updated_test_passes_with_the_stack_and_fails_on_stock_in_one_parametrisation_at_least():
+    updated = UPDATED_TESTS[0]
+    test_id = f"tests.tests_pytorch.{updated.module.removesuffix('.py').replace('/', '.')}::{updated.test}"
+    stock = {f"{test_id}[a]": Outcome("failed"), f"{test_id}[b]": Outcome("passed")}
+    rows = judge_stack_tests(stock, {f"{test_id}[a]": Outcome("passed"), f"{test_id}[b]": Outcome("passed")})
+    assert [row["updated"] for row in rows] == [True, True]
+    assert stack_tests_not_shown(rows) == []
+    unchanged = judge_stack_tests({f"{test_id}[a]": Outcome("passed")}, {f"{test_id}[a]": Outcome("failed")})
+    assert stack_tests_not_shown(unchanged) == [f"{test_id}[a]: fails with the stack",
+                                                f"{test_id}: updated, but no parametrisation of it fails on stock"]

@@ -676,12 +676,19 @@ def test_the_stack_tests_block_counts_those_that_show_their_change_and_lists_the
     assert "No results of the tests the stack adds yet" in (rfc / "page.md").read_text()
     module = "tests.tests_pytorch.loops.test_dataloader_iter_fetcher"
     results = lightning_tests_results()
+    updated = "tests.tests_pytorch.loops.test_fetchers::test_opt"
     results["stack_tests"] = [
         {"test": f"{module}::test_counts", "stock": "failed", "patched": "passed", "shows_the_change": True},
         {"test": f"{module}::test_done", "stock": "passed", "patched": "passed", "shows_the_change": False},
+        {"test": f"{updated}[False]", "stock": "failed", "patched": "passed", "shows_the_change": True,
+         "updated": True},
+        {"test": f"{updated}[True]", "stock": "passed", "patched": "passed", "shows_the_change": False,
+         "updated": True},
     ]
     (rfc / "results" / "lightning-stack-tests.json").write_text(json.dumps(results))
     assert run(rfc).returncode == 0
     text = (rfc / "page.md").read_text()
     assert "2 tests in 1 modules, of which **1 fail on stock pytorch-lightning" in text
+    assert "1 tests in 2 parametrisations, of which **2 pass with the stack** and 1 fail on stock" in text
     assert "| `loops.test_dataloader_iter_fetcher::test_done` | passed | passed |" in text
+    assert "test_opt[True]" not in text  # a parametrisation the change leaves alone, passing on both

@@ -117,27 +117,38 @@ STACK_TESTS_COMMAND = (
 
 
 def block_lightning_stack_tests(inputs: Inputs, page_dir: Path) -> str:
-    """The tests the stack adds to Lightning's tests: each one's outcome on stock and with the stack."""
+    """The tests the stack adds to Lightning's tests, and Lightning's tests it updates: each one's outcome on stock and
+    with the stack."""
     path = inputs.results_dir / STACK_TESTS_FILE
     if not path.is_file():
         return no_results("results of the tests the stack adds", STACK_TESTS_COMMAND)
     results = load_json(path)
     rows = results.get("stack_tests") or []
-    showing = [row for row in rows if row["shows_the_change"]]
-    modules = sorted({row["test"].split("::")[0] for row in rows})
+    added = [row for row in rows if not row.get("updated")]
+    updated = [row for row in rows if row.get("updated")]
+    showing = [row for row in added if row["shows_the_change"]]
+    modules = sorted({row["test"].split("::")[0] for row in added})
     versions = results["runs"]["stock"]["versions"]
     summary = (
         f"The tests the stack adds to Lightning's `tests/tests_pytorch` (`patch/tests_pytorch/`, run among the tests"
-        f" at commit `{results['checkout']['commit'][:12]}`: `{STACK_TESTS_COMMAND}`): {len(rows)} tests in"
+        f" at commit `{results['checkout']['commit'][:12]}`: `{STACK_TESTS_COMMAND}`): {len(added)} tests in"
         f" {len(modules)} modules, of which **{len(showing)} fail on stock pytorch-lightning"
-        f" {versions['pytorch_lightning']} and pass with the stack**"
-        + ("." if len(showing) == len(rows) else "; the others do not show the change they test:")
+        f" {versions['pytorch_lightning']} and pass with the stack**."
     )
-    others = [row for row in rows if not row["shows_the_change"]]
+    if updated:
+        tests = sorted({row["test"].split("[")[0] for row in updated})
+        passing = [row for row in updated if row["patched"] == "passed"]
+        changed = [row for row in updated if row["shows_the_change"]]
+        summary += (
+            f" Lightning's own tests the stack updates, as updated: {len(tests)} tests in {len(updated)}"
+            f" parametrisations, of which **{len(passing)} pass with the stack** and {len(changed)} fail on stock (the"
+            " others are parametrisations the change leaves alone)."
+        )
+    others = [row for row in added if not row["shows_the_change"]]
+    others += [row for row in updated if row["patched"] != "passed"]
     if not others:
         return summary
-    return summary + "\n\n" + table(
+    return summary + " Those that do not show their change:\n\n" + table(
         ["test", "stock", "with the stack"],
         [[code(row["test"].removeprefix(TEST_PREFIX)), row["stock"], row["patched"]] for row in others],
     )
-
