@@ -332,7 +332,9 @@ def stack_test_ids() -> list[str]:
 
 
 def is_stack_test(test_id: str) -> bool:
-    """Whether ``test_id`` is one of ``stack_test_ids``, or a test of a module or a parametrisation of a test there."""
+    """Whether ``test_id`` is one of ``stack_test_ids``, or a test of a module or a parametrisation of a test there
+    (``::<module>``: the module's collection error)."""
+    test_id = test_id.removeprefix("::")
     return any(test_id == known or test_id.startswith((f"{known}::", f"{known}["))
                for known in stack_test_ids())
 
@@ -349,7 +351,8 @@ def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) ->
     the stack."""
     rows = []
     for test_id in sorted(set(stock) | set(patched)):
-        if is_stack_test(test_id):
+        # a module's collection error (``::<module>``) stands for its tests, as they are read below
+        if is_stack_test(test_id) and not test_id.startswith("::"):
             # a module that does not import on one build (it names what the stack adds) errs as a whole there
             module_error = stock.get(f"::{test_id.split('::')[0]}")
             before = stock[test_id].outcome if test_id in stock else module_error.outcome if module_error else "absent"

@@ -234,6 +234,7 @@ def test_an_updated_test_of_lightnings_is_a_stack_test_in_each_parametrisation_a
     test_id = f"tests.tests_pytorch.{updated.module.removesuffix('.py').replace('/', '.')}::{updated.test}"
     assert is_stack_test(test_id) and is_stack_test(f"{test_id}[False]")
     assert not is_stack_test(f"{test_id}_elsewhere") and not is_stack_test(test_id.split("::")[0] + "::test_other")
+    assert is_stack_test(f"::{stack_test_ids()[0]}")  # an added module that does not import on stock
 
 
 
