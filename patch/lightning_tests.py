@@ -40,8 +40,13 @@ from patch.lightning_test_differences import classify_report
 IMPORT_MAPPING = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lightning_fabric"))
 
 # The release's tests of what the RFC changes or relies on: loops, fetchers (under loops/), the trainer with its
-# flags and connectors, checkpointing, logging, the tuner, callbacks and profilers.
-DEFAULT_SELECTION = ("loops", "trainer", "tuner", "callbacks", "profilers", "checkpointing", "loggers")
+# flags and connectors, checkpointing, logging, the tuner, callbacks and profilers; and of the packages the stack edits
+# or runs under: core (the LightningModule's self.log), utilities (the batch size and warnings), strategies (DDP's
+# vote and gradient sync) and models (whole training runs).
+DEFAULT_SELECTION = (
+    "loops", "trainer", "tuner", "callbacks", "profilers", "checkpointing", "loggers", "core", "models", "strategies",
+    "utilities",
+)
 
 TEST_ROOT = Path("tests") / "tests_pytorch"
 # the tests the stack adds, each module a path under TEST_ROOT (run as a selection of its own)
