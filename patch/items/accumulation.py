@@ -9,6 +9,14 @@ from prototypes.prefetcher.loops import _PrefetchingEpochLoop, _StepCallAutomati
 
 
 def _step_after_the_call(source: LightningSource) -> None:
+    source.module("core.module").extend_docstring(
+        "LightningModule.training_step",
+        """
+        With ``dataloader_iter``, ``accumulate_grad_batches`` counts step calls, whatever each call took, and the
+        epoch's last call closes its accumulation window.
+        """,
+        before_section="Note:",
+    )
     automatic = source.module("loops.optimization.automatic")
     automatic.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
     automatic.add_import(

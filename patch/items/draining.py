@@ -10,6 +10,16 @@ from prototypes.prefetcher.loops import _PrefetchingEpochLoop
 
 
 def _drain(source: LightningSource) -> None:
+    source.module("core.module").extend_docstring(
+        "LightningModule.training_step",
+        """
+        A step that pulls batches ahead of the ones it trains (it took more batches in its first call than it takes
+        per call afterwards) is called again after the epoch's last batch, with ``dataloader_iter.done`` ``True``, so
+        that it trains what it holds: these drain calls go on until one raises ``StopIteration`` (its ``next()`` does)
+        or returns ``None`` without stepping an optimizer.
+        """,
+        before_section="Note:",
+    )
     epoch_loop = source.module("loops.training_epoch_loop")
     epoch_loop.add_import(
         f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, drain,"

@@ -76,6 +76,30 @@ PACKAGE_DOCSTRING = (
 
 
 def _look_ahead(source: LightningSource) -> None:
+    source.module("core.module").extend_docstring(
+        "LightningModule.training_step",
+        """
+        To take the batches yourself, several per call or one ahead of the one you train, declare ``dataloader_iter``
+        in place of ``batch`` and ``batch_idx``. Each ``next(dataloader_iter)`` returns ``(batch, batch_idx,
+        dataloader_idx)``, the batch already through the transfer hooks, and every call of an epoch receives the same
+        iterator. ``dataloader_iter.done`` is ``True`` once the epoch's last batch has been taken, and
+        ``dataloader_iter.has_batches(k)`` tells whether ``k`` more batches remain, without taking any. Progress,
+        ``limit_train_batches`` and ``val_check_interval`` count the batches the step took, and ``on_train_batch_start``
+        receives the first batch the call gets. A call that the end of the data cuts short (``next()`` raising
+        ``StopIteration`` inside the step) steps no optimizer for its batches and warns with
+        :class:`~pytorch_lightning.utilities.warnings.CutShortCallWarning`; to avoid it, ask ``has_batches(k)`` first
+        and return ``None`` when it is ``False``:
+
+        .. code-block:: python
+
+            def training_step(self, dataloader_iter):
+                if not dataloader_iter.has_batches(2):
+                    return None  # the epoch ends here: its last batch is left untrained, and the loop warns
+                batches = [next(dataloader_iter)[0] for _ in range(2)]
+                return self.loss(torch.cat(batches))
+        """,
+        before_section="Note:",
+    )
     source.module("utilities.warnings").insert(
         definition_source(prototypes.batches_per_call.CutShortCallWarning, name="CutShortCallWarning")
     )
