@@ -57,6 +57,23 @@ class PlaceNotFound(LookupError):
     """The place an edit names is not in the source: the release under patch differs from the one it was written for."""
 
 
+LICENSE_HEADER = """\
+# Copyright The Lightning AI team.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""
+
+
 class LightningSource:
     """The source tree of one Lightning package (``root`` holds ``loops/``, ``trainer/``...), edited in place."""
 
@@ -71,11 +88,12 @@ class LightningSource:
         return ModuleSource(path, f"{self.package}.{dotted}")
 
     def add_module(self, dotted: str, text: str) -> None:
+        """A new module of ``text``, under the license header every module of Lightning's opens with."""
         path = self.root.joinpath(*dotted.split(".")).with_suffix(".py")
         if path.exists():
             raise FileExistsError(f"{self.package}.{dotted} exists already; edit it instead")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text(LICENSE_HEADER + text)
 
     def add_changelog_entry(self, section: str, entry: str) -> None:
         """Add ``entry`` under ``### section`` of the package's ``CHANGELOG.md``, in its unreleased release: in place of

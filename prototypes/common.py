@@ -304,8 +304,8 @@ class StepCall:
         return self.fewer_left is not None and not self.batch_indices and not self.drain
 
 
-# When the loop makes drain calls: the candidate rules the RFC's drain decision compares, by what they do with
-# unmodified clients; the first is the one every loop follows unless an option picks another
+# When the loop makes drain calls: the first rule is the one every loop follows unless an option picks another (the
+# others are what the rule is compared with, on unmodified clients)
 PULLED_AHEAD = "pulled-ahead"  # only after a dataloader the step pulled ahead of its calls (``BatchesTakenPerCall``)
 ALWAYS = "always"  # after every dataloader's last batch
 NEVER = "never"  # none: stock Lightning's loop, and what a rule waiting for the step to ask gives a step that does not

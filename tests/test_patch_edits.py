@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patch.edits import LightningSource, ModuleSource, PlaceNotFound, asserts, assigns, calls
+from patch.edits import LICENSE_HEADER, LightningSource, ModuleSource, PlaceNotFound, asserts, assigns, calls
 
 MODULE = textwrap.dedent('''\
     """A loop."""
@@ -63,7 +63,7 @@ def test_a_module_is_addressed_by_its_dotted_name_and_a_missing_one_is_named(sou
 
 def test_add_module_writes_a_new_module_and_refuses_an_existing_one(source):
     source.add_module("loops.extra", "X = 1\n")
-    assert source.module("loops.extra").path.read_text() == "X = 1\n"
+    assert source.module("loops.extra").path.read_text() == LICENSE_HEADER + "X = 1\n"  # as every module of Lightning
     with pytest.raises(FileExistsError, match=r"pkg\.loops\.loop exists already; edit it instead"):
         source.add_module("loops.loop", "Y = 2\n")
 
