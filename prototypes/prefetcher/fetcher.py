@@ -30,6 +30,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
+from typing_extensions import override
 
 from prototypes.common import (
     PULLED_AHEAD,
@@ -55,9 +56,11 @@ class FetcherStepIterator(StepIterator):
         # Why bound here rather than a method calling it: one Python frame less on every next()
         self._take = functools.partial(fetcher.consume, dataloader_idx)
 
+    @override
     def _has_next(self) -> bool:
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)
 
+    @override
     def _available(self, count: int) -> int:
         fetcher = self._fetcher
         calls = fetcher.calls
@@ -263,6 +266,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
 
     # ---- `done` is computed on demand: reading it may wait for the next batch (unsized loaders)
     @property
+    @override
     def done(self) -> bool:
         # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
         # answer is then "not done" without the lock
@@ -276,11 +280,13 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         # Lightning's reset() declares an empty loader exhausted; the loop over the data starts from that (``_begin``)
         self._exhausted = exhausted
 
+    @override
     def __iter__(self) -> _PrefetchingIterFetcher:
         self.stop()
         _DataFetcher.__iter__(self)  # a fresh loader iterator (workers start here, as in stock Lightning)
         return self._begin()
 
+    @override
     def __next__(self) -> FetcherStepIterator:
         """Called by the epoch loop before each step: the batch hooks see the batch the step will get first. At the
         end of an evaluation dataloader, first the loop's drain calls (``drain_dataloader``)."""
@@ -304,6 +310,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         self._batch, self._batch_idx, self._dataloader_idx = head.batch, head.batch_idx, head.dataloader_idx
         return self.start_step_call()
 
+    @override
     def teardown(self) -> None:
         self.stop()  # before Lightning resets the loaders: a prefetch thread may be inside next() on them
         super().teardown()

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import pytorch_lightning as pl
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
+from typing_extensions import override
 
 from prototypes.common import BatchTransfer
 from prototypes.lightning_changes import CountsConsumed
@@ -54,6 +55,7 @@ class ThreadedIterFetcher(_PrefetchingIterFetcher):
         self._transfer_path: BatchTransfer | None = None  # the transfer on this thread, when not ahead
         self._released_ahead = 0  # batches held for a look-ahead of k whose slot was given back already
 
+    @override
     def _producer_transfer(self) -> Callable[[Any, int], Any] | None:
         transfer = BatchTransfer(self.trainer)
         if not self.options.transfer_ahead:
@@ -71,6 +73,7 @@ class ThreadedIterFetcher(_PrefetchingIterFetcher):
 
         return on_copy_stream
 
+    @override
     def _start_producing(self, producer: BatchProducer) -> None:
         super()._start_producing(producer)
         self.prefetch_thread = PrefetchThread(producer, self.options.depth, name=f"prefetcher-{self.hook_name}")
@@ -83,6 +86,7 @@ class ThreadedIterFetcher(_PrefetchingIterFetcher):
         """Whether this fetcher's prefetch thread may record the transfer hooks on the profiler."""
         return bool(self.options.depth) and self.options.transfer_ahead
 
+    @override
     def _next_produced(self) -> Produced:
         produced = self.prefetch_thread.get()
         if isinstance(produced.batch, _OnCopyStream):
@@ -98,6 +102,7 @@ class ThreadedIterFetcher(_PrefetchingIterFetcher):
             produced = produced._replace(batch=self._transfer_path(produced.batch, produced.dataloader_idx))
         return produced
 
+    @override
     def take_ahead(self) -> Produced | None:
         """The next batch for a look-ahead of k, its producer slot given back at once. Why: a thread of depth below k
         would otherwise wait for a slot while the look-ahead waits for it."""
@@ -107,6 +112,7 @@ class ThreadedIterFetcher(_PrefetchingIterFetcher):
             self._released_ahead += 1
         return produced
 
+    @override
     def consume(self, dataloader_idx: int) -> tuple[Any, int, int]:
         with self.calls.lock:
             item = super().consume(dataloader_idx)
@@ -116,6 +122,7 @@ class ThreadedIterFetcher(_PrefetchingIterFetcher):
                 self.prefetch_thread.release()
         return item
 
+    @override
     def _stop_producing(self) -> None:
         if self.prefetch_thread is not None:
             self.prefetch_thread.shutdown()
