@@ -31,7 +31,7 @@ def _drain(source: LightningSource) -> None:
     )
     epoch_loop.add_import("from collections.abc import Callable, Iterator")
     epoch_loop.insert(
-        methods_source(_PrefetchingEpochLoop, ("_steps_pull_batches", "_step_calls_this_epoch",
+        methods_source(_PrefetchingEpochLoop, ("_step_calls_this_epoch",
                                                "_consumed_by_last_call", "_pulled_ahead", "_draining",
                                                "_run_drain_call", "_vote_since_the_last_call",
                                                "_vote_after_drain_call"))

@@ -34,7 +34,7 @@ IMPORTS = {
 NAMES = {"CountsConsumed": "_Progress"}
 # module in the package -> (prototype module, the definitions it takes: None for all, those it leaves, its docstring)
 MODULES = {
-    "common": (prototypes.common, None, {"Design"}, """
+    "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature"}, """
 The iterator a step call receives and the record of a loop's step calls, the batch transfer, the ranks' end-of-data
 vote and the misuse checks with their messages.
 """),
