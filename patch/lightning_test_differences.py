@@ -8,6 +8,10 @@ what each one is, and the runner writes it beside the difference:
 - ``Regression(item, why)``: the patch breaks something the specification keeps; ``item`` is the patch item
   (``patch/items/``) whose edit reads as the cause.
 
+Before any entry, a difference the runner's reruns (``reruns``: each differing test run again on both builds) show
+passing on both builds every time is "not repeated": the first run's outcome was a flake of that run (a spawned
+process killed on a busy machine), not a change, and no entry is needed.
+
 A key is a test id as the runner writes it (``tests.tests_pytorch.<module>::<test>[<parameters>]``), or the id
 without its parameters, which stands for every parametrisation of that test. A difference no entry names stays
 ``"unclassified"``; an entry that names no difference is stale and is reported, so the list keeps to what the last
@@ -82,6 +86,11 @@ def classify(differences: list[dict], classified: dict[str, Classification] = CL
     for difference in differences:
         for field in ("clause", "item", "why"):
             difference.pop(field, None)
+        reruns = difference.get("reruns") or {}
+        if len(reruns) == 2 and all(outcomes and set(outcomes) == {"passed"} for outcomes in reruns.values()):
+            counts = " and ".join(f"{len(outcomes)} on {label}" for label, outcomes in reruns.items())
+            difference.update(classification="not repeated", why=f"passed in every rerun ({counts})")
+            continue
         found = entry_for(difference["test"], classified)
         if found is None:
             difference["classification"] = "unclassified"

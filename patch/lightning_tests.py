@@ -59,6 +59,7 @@ LEGACY_ROOT = Path("tests") / "legacy"
 # tools and the extras some test modules import unconditionally (jsonargparse, omegaconf).
 TEST_REQUIREMENTS = ("requirements/pytorch/test.txt", "requirements/pytorch/extra.txt")
 PER_TEST_TIMEOUT_S = 120
+RERUNS = 3  # each differing test runs this many times more on each build: a flake does not repeat
 
 # Outcomes that mean the test body ran (a skipped test did not).
 RAN = ("passed", "failed", "error", "xfailed")
@@ -327,6 +328,31 @@ def _test_id(module: str) -> str:
     return f"tests.tests_pytorch.{module.removesuffix('.py').replace('/', '.')}"
 
 
+def rerun_differences(interpreters: dict[str, str], tree: Path, differences: list[dict], timeout_s: int,
+                      reruns: int = RERUNS) -> None:
+    """Run each differing test ``reruns`` times more on each build and record the outcomes in its row (``reruns``):
+    the classification tells a difference that does not repeat (a flake of the first run on a busy machine) from a
+    change. A module's collection error (``::<module>``) has nothing to run alone."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    for row in differences:
+        module, _, name = row["test"].partition("::")
+        if not module or not name:
+            continue
+        node = f"{module.removeprefix('tests.tests_pytorch.').replace('.', '/')}.py::{name}"
+        row["reruns"] = {}
+        for label, python in interpreters.items():
+            outcomes = []
+            for attempt in range(reruns):
+                junit = tree / f"rerun-{label}-{attempt}.xml"
+                junit.unlink(missing_ok=True)
+                subprocess.run(pytest_command(python, node, junit, timeout_s), cwd=tree / TEST_ROOT, env=env,
+                               check=False, capture_output=True)
+                found = parse_junit(junit.read_text()) if junit.is_file() else {}
+                outcomes.append(found[row["test"]].outcome if row["test"] in found else "absent")
+            row["reruns"][label] = outcomes
+        print(f"rerun {row['test']}: {row['reruns']}", flush=True)
+
+
 def stack_test_ids() -> list[str]:
     """The ids (as the runner's junit names them) of the tests the stack adds or updates:
     ``tests.tests_pytorch.<module>`` for a module it adds, ``<module>::<test>`` for a test of Lightning's it updates
@@ -402,9 +428,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stack-tests", action="store_true",
                         help="also run the tests the stack adds (patch/tests_pytorch): each must fail on stock and pass"
                              " patched")
+    parser.add_argument("--rerun-differences", action="store_true",
+                        help="only run the differences of the report at --out again (a report written before reruns"
+                             " were part of a run) and classify them again")
     parser.add_argument("--requirements", nargs="+", default=list(TEST_REQUIREMENTS),
                         help="requirement files in the checkout that --install-test-requirements reads")
     return parser.parse_args(argv)
+
+
+def rerun_report(args: argparse.Namespace, interpreters: dict[str, str]) -> int:
+    """``--rerun-differences``: the report at ``--out``, its differences run again and classified again."""
+    report = json.loads(args.out.read_text(encoding="utf-8"))
+    with tempfile.TemporaryDirectory(prefix="lightning-tests-") as scratch:
+        prepare_tree(args.checkout, Path(scratch), bool(report.get("stack_tests")))
+        rerun_differences(interpreters, Path(scratch), report["differences"], report["per_test_timeout_s"])
+    stale = classify_report(report)
+    args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    unclassified = [d["test"] for d in report["differences"] if d["classification"] == "unclassified"]
+    for test in unclassified:
+        print(f"unclassified: {test}", flush=True)
+    return 1 if stale or unclassified else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -412,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     interpreters = {"stock": args.python}
     if args.patched_python:
         interpreters["patched"] = args.patched_python
+    if args.rerun_differences:
+        return rerun_report(args, interpreters)
     if args.install_test_requirements:
         for python in interpreters.values():
             install_test_requirements(python, args.checkout, args.requirements)
@@ -435,12 +480,14 @@ def main(argv: list[str] | None = None) -> int:
         for label, python in interpreters.items():
             runs[label] = run_selection(python, tree, selection, label, args.timeout)
             report["runs"][label] = run_summary(python, runs[label])
+        if "patched" in runs:
+            report["differences"] = diff_outcomes(runs["stock"]["outcomes"], runs["patched"]["outcomes"])
+            rerun_differences(interpreters, tree, report["differences"], args.timeout)
     stock = runs["stock"]["outcomes"]
     report["tests_run"] = report["runs"]["stock"]["counts"]["ran"]
     if "patched" in runs:
         patched = runs["patched"]["outcomes"]
         report["passed_on_both"] = passed_on_both(stock, patched)
-        report["differences"] = diff_outcomes(stock, patched)
         if args.stack_tests:
             report["stack_tests"] = judge_stack_tests(stock, patched)
             report["setup"] = code_revision(Path(__file__).parent)  # the revision of the stack's tests

@@ -248,3 +248,15 @@ def test_an_updated_test_passes_with_the_stack_and_fails_on_stock_in_one_paramet
     unchanged = judge_stack_tests({f"{test_id}[a]": Outcome("passed")}, {f"{test_id}[a]": Outcome("failed")})
     assert stack_tests_not_shown(unchanged) == [f"{test_id}[a]: fails with the stack",
                                                 f"{test_id}: updated, but no parametrisation of it fails on stock"]
+
+
+def test_a_difference_that_passes_on_both_builds_in_every_rerun_is_not_repeated_before_any_entry():
+    flake = {"test": "t.callbacks::test_spawn", "stock": "passed", "patched": "failed",
+             "reruns": {"stock": ["passed"] * 3, "patched": ["passed"] * 3}}
+    change = {"test": "t.loops::test_progress", "stock": "passed", "patched": "failed",
+              "reruns": {"stock": ["passed"] * 3, "patched": ["failed", "passed", "passed"]}}
+    assert classify([flake, change], {"t.callbacks::test_spawn": Deliberate("C1", "a stale entry")}) == [
+        "t.callbacks::test_spawn"]
+    assert flake["classification"] == "not repeated"
+    assert flake["why"] == "passed in every rerun (3 on stock and 3 on patched)"
+    assert change["classification"] == "unclassified"  # a rerun that fails again is not a flake

@@ -30,6 +30,8 @@ def _what_it_is(difference: dict[str, Any]) -> str:
         return f"deliberate ({difference['clause']})"
     if kind == "regression":
         return f"**regression** (item {difference['item']})"
+    if kind == "not repeated":
+        return "not repeated (a flake of the first run)"
     return "**unclassified**"
 
 
@@ -38,13 +40,14 @@ def _summary(results: dict[str, Any]) -> str:
     selection = ", ".join(code(directory) for directory in results.get("selection") or [])
     differences = results.get("differences") or []
     kinds = {kind: sum(d.get("classification") == kind for d in differences)
-             for kind in ("deliberate", "regression", "unclassified")}
+             for kind in ("deliberate", "regression", "not repeated", "unclassified")}
     return (
         f"Lightning's own tests (`tests/tests_pytorch` at commit {code(str(checkout.get('commit', ''))[:12])}, "
         f"directories {selection}) ran {results['tests_run']} tests on stock pytorch-lightning; "
         f"**{results.get('passed_on_both', 0)} passed on both** builds and **{len(differences)} differ**: "
         f"{kinds['deliberate']} deliberate (the specification changes what they assert), "
-        f"{kinds['regression']} regressions, {kinds['unclassified']} not yet classified. {_limits(results)}"
+        f"{kinds['regression']} regressions, {kinds['not repeated']} not repeated when run again on both builds,"
+        f" {kinds['unclassified']} not yet classified. {_limits(results)}"
     )
 
 
