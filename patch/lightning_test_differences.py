@@ -55,8 +55,9 @@ CLASSIFIED: dict[str, Classification] = {
         "C10", "asserts `self.log` without `batch_size=` raises; the loop now infers it from the consumed batches "
         "(the test's progress count would differ next, C6)"),
     f"{_TESTS}loops.test_fetchers::test_step_methods_with_dataloader_iter": Deliberate(
-        "C17", "counts the step's entries: training, the sanity check, validation and test each enter the step "
-        "once more, a drain call whose `next()` raises `StopIteration`; the batches fetched are as asserted"),
+        "C17", "counts the step's entries: where a stage's data is a single call's two batches, the loop drains "
+        "it, so the step is entered once more and its `next()` raises `StopIteration`; the batches fetched are as "
+        "asserted"),
     f"{_TESTS}loops.test_fetchers::test_stop_iteration_with_dataloader_iter[True]": Deliberate(
         "C14", "the step raises its own `StopIteration` while `dataloader_iter` has batches left; case (f) makes "
         "that an error instead of an epoch cut short"),
