@@ -37,11 +37,13 @@ def module_source(
     keep: Iterable[str] | None = None,
     drop: Iterable[str] = (),
     docstring: str | None = None,
+    replacements: Mapping[str, str] = {},
 ) -> str:
     """A prototype module as a module of Lightning's: its imports of ``prototypes`` modules rewritten by ``imports``
     (prototype module -> Lightning module, longest prefix first), identifiers renamed by ``names``, only the
-    top-level definitions in ``keep`` (all by default) less those in ``drop``, the imports nothing uses any more left
-    out, and the module's docstring replaced by ``docstring`` (written for Lightning's readers) when given."""
+    top-level definitions in ``keep`` (all by default) less those in ``drop``, each definition named in
+    ``replacements`` written as given there (a ``class_source``), the imports nothing uses any more left out, and the
+    module's docstring replaced by ``docstring`` (written for Lightning's readers) when given."""
     tree = ast.parse(inspect.getsource(module))
     keep = set(keep) if keep is not None else None
     kept: list[tuple[int, ast.stmt]] = []
@@ -52,7 +54,8 @@ def module_source(
         if defined and (defined & set(drop) or (keep is not None and not defined & keep)):
             continue
         kept.append((index, node))
-    tree.body = [node for _, node in kept]
+    tree.body = [ast.parse(replacements[name]).body[0] if (name := _single_name(node)) in replacements else node
+                 for _, node in kept]
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | _names_in_strings(tree)
     lines = inspect.getsource(module).splitlines(keepends=True)
     pieces, previous_end, previous_index = [], 0, -1
@@ -68,7 +71,9 @@ def module_source(
             gap = ["\n", "\n", *comments]
         pieces.append("".join(gap))
         text = "".join(lines[start - 1:node.end_lineno])
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if _single_name(node) in replacements:
+            text = replacements[_single_name(node)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
             text = _rewritten_import(node, used, imports)
         pieces.append(text)
         previous_end, previous_index = node.end_lineno, index
@@ -86,6 +91,88 @@ def for_lightning(source: str) -> str:
     source = re.sub(r" \((?:clause )?C\d+[^)]*\)", "", source)
     source = re.sub(r"^[ \t]*# \[RFC \d+\][^\S\n]*\n", "", source, flags=re.M)
     return re.sub(r"\[RFC \d+\] ?", "", source)
+
+
+def class_source(
+    cls: type, *, name: str, bases: str, drop: Iterable[str] = (), substitutions: Mapping[str, str] = {},
+    within: str = "prototypes.",
+) -> str:
+    """``cls`` as one class of Lightning's, named ``name``, with ``bases``: a prototype's class together with the
+    prototype classes it inherits from (those of its MRO defined under ``prototypes``), flattened, so that Lightning's
+    reader meets one class and no mixin. Its docstring, then each member's most derived definition, the class's own
+    first and then those of its bases in MRO order, less ``drop`` (a base's member the class makes unreachable). A
+    base's class-level annotations (the attributes it expects its host to set) are left out. A ``super().__init__``
+    call whose next ``__init__`` is a flattened base's is replaced by that body, its parameters bound to the call's
+    arguments; any other ``super()`` call must reach a class outside the flattened ones. ``substitutions``: exact text
+    replaced in the result. ``within``: the package whose classes are flattened."""
+    flattened = [c for c in cls.__mro__ if c.__module__.startswith(within)]
+    outside = [c for c in cls.__mro__ if c not in flattened]
+    seen, attributes, members = set(drop), [], []
+    for owner in flattened:
+        body = ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0]
+        lines = textwrap.dedent(inspect.getsource(owner)).splitlines(keepends=True)
+        for node in body.body:
+            member = _member_key(node)
+            if member is None or member in seen or (isinstance(node, ast.AnnAssign) and node.value is None):
+                continue
+            seen.add(member)
+            start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+            while start > 1 and lines[start - 2].lstrip().startswith("#"):  # the comments that say why
+                start -= 1
+            text = _without_super_init("".join(lines[start - 1:node.end_lineno]), owner, flattened)
+            if not any(member.split(".")[0] in c.__dict__ for c in outside):  # it overrides nothing any more
+                text = re.sub(r"^ *@override\n", "", text, flags=re.M)
+            (attributes if isinstance(node, (ast.Assign, ast.AnnAssign)) else members).append(text)
+    docstring = ast.get_docstring(ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0], clean=False)
+    heading = f"class {name}({bases}):" if bases else f"class {name}:"
+    source = f'{heading}\n    """{docstring}"""\n\n' + "".join(f"{text}\n" for text in attributes) + "\n".join(members)
+    for old, new in substitutions.items():
+        if old not in source:
+            raise ValueError(f"{old!r} is not in the flattened {cls.__name__}")
+        source = source.replace(old, new)
+    return for_lightning(source)
+
+
+def _without_super_init(member: str, owner: type, flattened: list[type]) -> str:
+    """``member`` (a method of ``owner``) with a ``super().__init__(...)`` that reaches a flattened class inlined."""
+    later = flattened[flattened.index(owner) + 1:]
+    base = next((c for c in owner.__mro__[1:] if "__init__" in c.__dict__), None)
+    calls = re.findall(r"super\(\)\.(\w+)\(", member)
+    if base not in later or "__init__" not in calls:
+        if any(c.__dict__.get(call) for call in calls for c in later):
+            raise NotImplementedError(f"{owner.__name__}: a super() call into a flattened base is not inlined")
+        return member
+    match = re.search(r"^( *)super\(\)\.__init__\((.*)\)\n", member, flags=re.M)
+    call = ast.parse(f"f({match.group(2)})").body[0].value
+    init = ast.parse(textwrap.dedent(inspect.getsource(base.__init__))).body[0]
+    parameters = [a.arg for a in init.args.args[1:]]
+    bound = dict(zip(parameters, call.args, strict=True))
+    statements = init.body[1:] if ast.get_docstring(init) else init.body
+    text = "".join(f"{match.group(1)}{ast.unparse(_Bound(bound).visit(statement))}\n" for statement in statements)
+    inlined = member[:match.start()] + text + member[match.end():]
+    return _without_super_init(inlined, base, flattened) if "super().__init__(" in text else inlined
+
+
+class _Bound(ast.NodeTransformer):
+    """A function's parameters (names read in its body) replaced by the arguments of a call."""
+
+    def __init__(self, arguments: Mapping[str, ast.expr]) -> None:
+        self.arguments = arguments
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        return self.arguments.get(node.id, node) if isinstance(node.ctx, ast.Load) else node
+
+
+def _member_key(node: ast.stmt) -> str | None:
+    """A class member's name, ``name.setter`` for a property's setter."""
+    setter = any(isinstance(d, ast.Attribute) and d.attr == "setter" for d in getattr(node, "decorator_list", []))
+    name = _single_name(node)
+    return f"{name}.setter" if setter and name else name
+
+
+def _single_name(node: ast.stmt) -> str | None:
+    names = _defined_names(node)
+    return next(iter(names)) if len(names) == 1 else None
 
 
 def _defined_names(node: ast.stmt) -> set[str]:

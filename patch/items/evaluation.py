@@ -7,7 +7,7 @@ import prototypes.prefetcher.loops
 from patch.edits import LightningSource, ModuleSource, assigns
 from patch.items import Item, UpdatedTest
 from patch.items.draining import STEP_METHODS_TEST, count_drain_calls
-from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, PACKAGE
+from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, NAMES, PACKAGE
 from patch.transplant import methods_source, module_source
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
 from prototypes.prefetcher.loops import _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
@@ -46,7 +46,7 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
         f"{PACKAGE}.evaluation_step",
         module_source(
             prototypes.prefetcher.loops, imports=IMPORTS, keep={_STEP_CALL},
-            names={"_PrefetchingEvaluationSteps": "Any"},
+            names={"_PrefetchingEvaluationSteps": "Any", **NAMES},
             docstring="An evaluation or prediction step call: the StopIteration at its dataloader's end ends it.",
         ),
     )

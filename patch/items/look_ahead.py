@@ -3,8 +3,10 @@ the batches the step consumes.
 
 The fetcher and what it is built from are the recommended design's own modules, carried into a private package of
 Lightning's loops (``loops/_dataloader_iter/``) by ``patch.transplant``; the loops choose it where they chose
-Lightning's ``_DataLoaderIterDataFetcher``. The design's opt-in prefetch thread (``prototypes.prefetcher.threaded``)
-is not carried: the RFC defers it (its thread decision), and code no user can switch on does not ship.
+Lightning's ``_DataLoaderIterDataFetcher``. The fetcher and the step's iterator are written as one class each
+(``FLATTENED``): the prototype cuts them into mixins to keep each class on a screen, Lightning's reader meets one.
+The design's opt-in prefetch thread (``prototypes.prefetcher.threaded``) is not carried, nor the batch transfer's
+pinning step it uses: the RFC defers it (its thread decision), and code no user can switch on does not ship.
 """
 
 import prototypes.batches_per_call
@@ -17,7 +19,7 @@ import prototypes.prefetcher.producer
 import prototypes.prefetcher.step_calls
 from patch.edits import LightningSource, ModuleSource, asserts, assigns, calls
 from patch.items import Item, UpdatedTest
-from patch.transplant import definition_source, module_source
+from patch.transplant import class_source, definition_source, module_source
 
 PACKAGE = "loops._dataloader_iter"
 LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
@@ -31,10 +33,11 @@ IMPORTS = {
     "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
 }
 # the progress classes count consumed batches themselves once item 1 is in
-NAMES = {"CountsConsumed": "_Progress"}
+NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter"}
 # module in the package -> (prototype module, the definitions it takes: None for all, those it leaves, its docstring)
 MODULES = {
-    "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature"}, """
+    "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
+                                         "StepIterator"}, """
 The iterator a step call receives and the record of a loop's step calls, the batch transfer, the ranks' end-of-data
 vote and the misuse checks with their messages.
 """),
@@ -49,7 +52,7 @@ and no step call.
 The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
 running call, batches taken between calls, drain calls.
 """),
-    "fetcher": (prototypes.prefetcher.fetcher, None, (), """
+    "fetcher": (prototypes.prefetcher.fetcher, None, {"_StepCallHandOut", "_LoaderIteratorLifecycle"}, """
 The fetcher the loops choose for a step taking ``dataloader_iter``: it hands the step the batches it consumes,
 through one iterator per loop over a dataloader, and counts them.
 """),
@@ -68,6 +71,25 @@ per fit), and under DDP which calls skip the gradient all-reduce and how a windo
 synchronised once.
 """),
 }
+# The prototype's classes written as one class each, its mixins and its iterator's base flattened into them. Left out:
+# `_take` of the iterator's base (the iterator binds its own), and `adopt`, how the prototype's loops take over the
+# loader iterator Lightning's evaluation loop started (the changed loops build this fetcher themselves).
+FLATTENED = {"common": {
+    # without `pin`, the prefetch thread's pinned-memory step: the stack has no thread
+    "BatchTransfer": class_source(
+        prototypes.common.BatchTransfer, name="BatchTransfer", bases="", substitutions={
+            " ``pin`` runs between the first hook and the copy.": "",
+            ", *, pin: Callable[[Any], Any] | None = None": "",
+            "        if pin is not None:\n            batch = pin(batch)\n": "",
+        },
+    ),
+}, "fetcher": {
+    "FetcherStepIterator": class_source(prototypes.prefetcher.fetcher.FetcherStepIterator, name="FetcherStepIterator",
+                                        bases="Iterator", drop=("_take",)),
+    "_PrefetchingIterFetcher": class_source(prototypes.prefetcher.fetcher._PrefetchingIterFetcher,
+                                            name="_PrefetchingIterFetcher", bases="_DataLoaderIterDataFetcher",
+                                            drop=("adopt",)),
+}}
 PACKAGE_DOCSTRING = (
     '"""What the loops use when a step takes ``dataloader_iter``: the fetcher that hands out the batches the step\n'
     "consumes (``fetcher``), what it is built from (the producer on the loading side, the record of the epoch's step\n"
@@ -105,8 +127,12 @@ def _look_ahead(source: LightningSource) -> None:
     )
     source.add_module(f"{PACKAGE}.__init__", PACKAGE_DOCSTRING)
     for name, (module, keep, drop, docstring) in MODULES.items():
-        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring)
+        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring,
+                             replacements=FLATTENED.get(name, {}))
         source.add_module(f"{PACKAGE}.{name}", text)
+    fetcher = source.module(f"{PACKAGE}.fetcher")  # what the iterator's flattened base brings
+    fetcher.add_import("from collections.abc import Iterator")
+    fetcher.add_import(f"from {LIGHTNING_PACKAGE}.common import ITERATOR_USED_AFTER_ITS_LOOP, StepItem")
 
     utilities = source.module("loops.utilities")
     utilities.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
