@@ -692,3 +692,23 @@ def test_the_stack_tests_block_counts_those_that_show_their_change_and_lists_the
     assert "1 tests in 2 parametrisations, of which **2 pass with the stack** and 1 fail on stock" in text
     assert "| `loops.test_dataloader_iter_fetcher::test_done` | passed | passed |" in text
     assert "test_opt[True]" not in text  # a parametrisation the change leaves alone, passing on both
+
+
+def test_the_coverage_block_gives_the_share_of_added_statements_run_and_the_lines_not_run(rfc):
+    marker = "<!-- BEGIN GENERATED: patch-coverage -->\n<!-- END GENERATED: patch-coverage -->\n"
+    (rfc / "page.md").write_text(marker)
+    assert run(rfc).returncode == 0
+    assert "**No coverage of the stack's added lines yet:**" in (rfc / "page.md").read_text()
+    results = {
+        "schema": 1, "setup": {"git_commit": "0123456789abcdef"}, "run": 9, "added_statements": 12, "share": 0.75,
+        "target": 0.9, "met": False,
+        "files": [{"path": "loops/fetchers.py", "added_statements": 10, "not_run": [{"line": 7, "text": "x = 1"},
+                                                                                    {"line": 9, "text": "y"}]},
+                  {"path": "loops/progress.py", "added_statements": 2, "not_run": []}],
+    }
+    (rfc / "results" / "patch-coverage.json").write_text(json.dumps(results))
+    assert run(rfc).returncode == 0
+    text = (rfc / "page.md").read_text()
+    assert "run **9 of the 12 statements it adds** to pytorch_lightning (75.0%; target 90%: **missed**)" in text
+    assert "| `loops/fetchers.py` | 10 | 7, 9 |" in text
+    assert "| `loops/progress.py` | 2 | none |" in text

@@ -155,3 +155,29 @@ def block_lightning_stack_tests(inputs: Inputs, page_dir: Path) -> str:
         ["test", "stock", "with the stack"],
         [[code(row["test"].removeprefix(TEST_PREFIX)), row["stock"], row["patched"]] for row in others],
     )
+
+
+COVERAGE_FILE = "patch-coverage.json"
+COVERAGE_COMMAND = (
+    "python -m patch.coverage --checkout LIGHTNING --patched-python PATCHED_PY --stock-python STOCK_PY"
+    " --out rfc/results/patch-coverage.json"
+)
+
+
+def block_patch_coverage(inputs: Inputs, page_dir: Path) -> str:
+    """How many of the statements the stack adds its own tests run, with every one they do not run."""
+    path = inputs.results_dir / COVERAGE_FILE
+    if not path.is_file():
+        return no_results("coverage of the stack's added lines", COVERAGE_COMMAND)
+    results = load_json(path)
+    verdict = "met" if results["met"] else "**missed**"
+    summary = (
+        f"The stack's own tests (those above, `{COVERAGE_COMMAND}`, at commit"
+        f" `{results['setup']['git_commit'][:12]}`) run **{results['run']} of the {results['added_statements']}"
+        f" statements it adds** to pytorch_lightning ({results['share']:.1%}; target {results['target']:.0%}:"
+        f" {verdict}). Those no test runs:"
+    )
+    rows = [[code(f["path"]), str(f["added_statements"]),
+             cell(", ".join(str(m["line"]) for m in f["not_run"])) or "none"]
+            for f in results["files"]]
+    return summary + "\n\n" + table(["file", "added statements", "lines not run"], rows)

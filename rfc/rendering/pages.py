@@ -31,7 +31,7 @@ from rendering.coupling import COUPLING_BLOCKS
 from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.drain_rules import DRAIN_BLOCKS
-from rendering.lightning_tests import block_lightning_stack_tests, block_lightning_tests
+from rendering.lightning_tests import block_lightning_stack_tests, block_lightning_tests, block_patch_coverage
 from rendering.markdown import display_path, once_per_page
 from rendering.patch_series import block_patch_cost, block_patch_series
 from rendering.pipelines import block_real_pipelines
@@ -80,6 +80,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "patch-cost": block_patch_cost,
     "lightning-tests": block_lightning_tests,
     "lightning-stack-tests": block_lightning_stack_tests,
+    "patch-coverage": block_patch_coverage,
     **COUPLING_BLOCKS,
     **DRAIN_BLOCKS,
     **PROSE_BLOCKS,
