@@ -1,11 +1,15 @@
-"""``patch.coverage``: which lines the stack adds, and how the added statements are judged."""
+"""``patch.coverage``: which lines the stack adds, how the added statements are judged, and the committed record:
+for the series these ``patch/`` sources generate, with the target met."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from patch.coverage import TARGET, added_lines, judge
-from prototypes.patched import SERIES_MODULE
+from prototypes.patched import BUILD_COMMAND, SERIES_MODULE, patch_sources_digest
+
+RECORD = Path(__file__).resolve().parent.parent / "rfc" / "results" / "patch-coverage.json"
 
 
 def _package(root: Path, files: dict[str, str]) -> Path:
@@ -36,3 +40,13 @@ def test_only_added_statements_count_and_each_one_not_run_is_listed_with_its_tex
     assert verdict["files"] == [{"path": "loops/a.py", "added_statements": 2,
                                  "not_run": [{"line": 4, "text": "unreached()"}]}]
     assert verdict["met"] is (0.5 >= TARGET) is False
+
+
+def test_the_committed_coverage_is_of_this_checkouts_series_and_meets_the_target():
+    record = json.loads(RECORD.read_text(encoding="utf-8"))
+    assert record["sources"] == patch_sources_digest(), (
+        f"{RECORD.name} was measured on a series generated from other patch/ sources: rebuild the patched environment"
+        f" (`{BUILD_COMMAND}`) and run `python -m patch.coverage` (patch/README.md) to measure this one"
+    )
+    assert record["met"] and record["share"] >= TARGET
+    assert record["run"] == record["added_statements"] - sum(len(f["not_run"]) for f in record["files"])
