@@ -127,7 +127,10 @@ def prepare_tree(checkout: Path, destination: Path, with_stack_tests: bool = Fal
     if with_stack_tests:
         changed += copy_rewritten(TESTS_HERE, destination / TEST_ROOT)
         for updated in UPDATED_TESTS:
-            updated.edit(ModuleSource(destination / TEST_ROOT / updated.module, updated.module))
+            path = destination / TEST_ROOT / updated.module
+            updated.edit(ModuleSource(path, updated.module))
+            # an update is written as the repository's tests are: with its imports
+            path.write_text(rewrite_imports(path.read_text(encoding="utf-8")), encoding="utf-8")
     if (checkout / LEGACY_ROOT).is_dir():
         changed += copy_rewritten(checkout / LEGACY_ROOT, destination / LEGACY_ROOT)
     shutil.copy2(checkout / "pyproject.toml", destination / "pyproject.toml")

@@ -700,7 +700,8 @@ def test_the_coverage_block_gives_the_share_of_added_statements_run_and_the_line
     assert run(rfc).returncode == 0
     assert "**No coverage of the stack's added lines yet:**" in (rfc / "page.md").read_text()
     results = {
-        "schema": 1, "setup": {"git_commit": "0123456789abcdef"}, "run": 9, "added_statements": 12, "share": 0.75,
+        "schema": 1, "setup": {"git_commit": "0123456789abcdef", "git_dirty": True},
+        "sources": "sha256:fedcba9876543210", "run": 9, "added_statements": 12, "share": 0.75,
         "target": 0.9, "met": False,
         "files": [{"path": "loops/fetchers.py", "added_statements": 10, "not_run": [{"line": 7, "text": "x = 1"},
                                                                                     {"line": 9, "text": "y"}]},
@@ -709,6 +710,8 @@ def test_the_coverage_block_gives_the_share_of_added_statements_run_and_the_line
     (rfc / "results" / "patch-coverage.json").write_text(json.dumps(results))
     assert run(rfc).returncode == 0
     text = (rfc / "page.md").read_text()
+    assert ("at commit `0123456789ab` (with uncommitted changes); the series of the `patch/` sources"
+            " `fedcba987654`") in text
     assert "run **9 of the 12 statements it adds** to pytorch_lightning (75.0%; target 90%: **missed**)" in text
     assert "| `loops/fetchers.py` | 10 | 7, 9 |" in text
     assert "| `loops/progress.py` | 2 | none |" in text

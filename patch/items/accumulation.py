@@ -2,7 +2,7 @@
 
 from patch.edits import LightningSource, assigns
 from patch.items import Item
-from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.items.look_ahead import LIGHTNING_PACKAGE, renamed
 from patch.transplant import methods_source
 from prototypes.lightning_changes.optimization import StepFirstAutomaticOptimization
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop, _StepCallAutomaticOptimization
@@ -18,7 +18,7 @@ def _step_after_the_call(source: LightningSource) -> None:
         before_section="Note:",
     )
     automatic = source.module("loops.optimization.automatic")
-    automatic.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+    automatic.add_import("from pytorch_lightning.loops.fetchers import _DataLoaderIterDataFetcher")
     automatic.add_import(
         f"from {LIGHTNING_PACKAGE}.optimization import average_gradients_over_ranks, blocks_gradient_sync,"
         " discard_cut_short_call"
@@ -43,7 +43,7 @@ def _step_after_the_call(source: LightningSource) -> None:
         at_start=True,
     )
     automatic.insert(
-        methods_source(_StepCallAutomaticOptimization, ("run_fetched_step_call",))
+        renamed(methods_source(_StepCallAutomaticOptimization, ("run_fetched_step_call",)))
         + "\n"
         + methods_source(
             StepFirstAutomaticOptimization,

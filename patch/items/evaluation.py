@@ -67,7 +67,6 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
             """,
         )
         lightning.add_import(f"from {LIGHTNING_PACKAGE}.evaluation_step import {_STEP_CALL}")
-        lightning.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
         lightning.add_import("import functools")
         strategy_step = f"call._call_strategy_hook(trainer, {step}, *step_args)"
         lightning.replace_statement(
@@ -84,7 +83,7 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
         lightning.insert_in_body(
             f"{loop}.run",
             """
-            if isinstance(data_fetcher, _PrefetchingIterFetcher):
+            if isinstance(data_fetcher, _DataLoaderIterDataFetcher):
                 data_fetcher.stop()  # the run's producer must not outlive it
             """,
             after=_is_the_while_loop,

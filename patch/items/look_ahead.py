@@ -9,6 +9,11 @@ The design's opt-in prefetch thread (``prototypes.prefetcher.threaded``) is not 
 pinning step it uses: the RFC defers it (its thread decision), and code no user can switch on does not ship.
 """
 
+import ast
+import functools
+import re
+from collections.abc import Callable
+
 import prototypes.batches_per_call
 import prototypes.common
 import prototypes.lightning_changes.draining
@@ -26,6 +31,7 @@ LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
 IMPORTS = {
     "prototypes.common": f"{LIGHTNING_PACKAGE}.common",
     "prototypes.prefetcher": LIGHTNING_PACKAGE,
+    "prototypes.prefetcher.fetcher": "pytorch_lightning.loops.fetchers",
     "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.loader_state",
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
     "prototypes.batches_per_call": f"{LIGHTNING_PACKAGE}.batches_per_call",
@@ -33,7 +39,8 @@ IMPORTS = {
     "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
 }
 # the progress classes count consumed batches themselves once item 1 is in
-NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter"}
+NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter",
+         "_PrefetchingIterFetcher": "_DataLoaderIterDataFetcher"}
 # module in the package -> (prototype module, the definitions it takes: None for all, those it leaves, its docstring)
 MODULES = {
     "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
@@ -52,10 +59,6 @@ and no step call.
 The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
 running call, batches taken between calls, drain calls.
 """),
-    "fetcher": (prototypes.prefetcher.fetcher, None, {"_StepCallHandOut", "_LoaderIteratorLifecycle"}, """
-The fetcher the loops choose for a step taking ``dataloader_iter``: it hands the step the batches it consumes,
-through one iterator per loop over a dataloader, and counts them.
-"""),
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
 """),
@@ -71,9 +74,7 @@ per fit), and under DDP which calls skip the gradient all-reduce and how a windo
 synchronised once.
 """),
 }
-# The prototype's classes written as one class each, its mixins and its iterator's base flattened into them. Left out:
-# `_take` of the iterator's base (the iterator binds its own), and `adopt`, how the prototype's loops take over the
-# loader iterator Lightning's evaluation loop started (the changed loops build this fetcher themselves).
+# The prototype's classes written as one class each where Lightning's reader meets them (``class_source``).
 FLATTENED = {"common": {
     # without `pin`, the prefetch thread's pinned-memory step: the stack has no thread
     "BatchTransfer": class_source(
@@ -83,17 +84,40 @@ FLATTENED = {"common": {
             "        if pin is not None:\n            batch = pin(batch)\n": "",
         },
     ),
-}, "fetcher": {
-    "FetcherStepIterator": class_source(prototypes.prefetcher.fetcher.FetcherStepIterator, name="FetcherStepIterator",
-                                        bases="Iterator", drop=("_take",)),
-    "_PrefetchingIterFetcher": class_source(prototypes.prefetcher.fetcher._PrefetchingIterFetcher,
-                                            name="_PrefetchingIterFetcher", bases="_DataLoaderIterDataFetcher",
-                                            drop=("adopt",)),
 }}
+# The fetcher, in `loops/fetchers.py` in place of the one it replaces, and the iterator a step receives, in place of
+# `_DataFetcherWrapper`: the prototype's mixins and its iterator's base flattened into them. Left out: `_take` of the
+# iterator's base (the iterator binds its own), and `adopt`, how the prototype's loops take over the loader iterator
+# Lightning's evaluation loop started (the changed loops build this fetcher themselves).
+FETCHER = class_source(
+    prototypes.prefetcher.fetcher._PrefetchingIterFetcher, name="_DataLoaderIterDataFetcher", bases="_DataFetcher",
+    drop=("adopt",), substitutions={
+        "_DataFetcher.__iter__(self)": "super().__iter__()",
+        # what the fetcher it subclassed in the prototype set: the loops read them
+        "        super().__init__()\n": (
+            "        super().__init__()\n        self._batch: Any = None\n        self._batch_idx: int = 0\n"
+            "        self._dataloader_idx: int = 0\n"
+        ),
+    },
+)
+STEP_ITERATOR = class_source(
+    prototypes.prefetcher.fetcher.FetcherStepIterator, name="_DataLoaderIter", bases="Iterator", drop=("_take",)
+)
+FETCHER_IMPORTS = (
+    "from __future__ import annotations",
+    "import functools",
+    "from collections.abc import Callable",
+    "import pytorch_lightning as pl",
+    f"from {LIGHTNING_PACKAGE}.common import ITERATOR_USED_AFTER_ITS_LOOP, PULLED_AHEAD,"
+    " STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepItem, end_of_data_vote_needed, warn_declined",
+    f"from {LIGHTNING_PACKAGE}.producer import BatchProducer, LoaderExhausted, Produced",
+    f"from {LIGHTNING_PACKAGE}.step_calls import EpochStepCalls",
+    "from pytorch_lightning.loops.progress import _Progress",
+)
 PACKAGE_DOCSTRING = (
     '"""What the loops use when a step takes ``dataloader_iter``: the fetcher that hands out the batches the step\n'
-    "consumes (``fetcher``), what it is built from (the producer on the loading side, the record of the epoch's step\n"
-    "calls on the loop's side), the drain calls and the ranks' end-of-data vote.\"\"\"\n"
+    "consumes (``loops/fetchers.py``) is built from: the producer on the loading side, the record of the epoch's\n"
+    "step calls on the loop's side; the drain calls and the ranks' end-of-data vote.\"\"\"\n"
 )
 
 
@@ -130,24 +154,24 @@ def _look_ahead(source: LightningSource) -> None:
         text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring,
                              replacements=FLATTENED.get(name, {}))
         source.add_module(f"{PACKAGE}.{name}", text)
-    fetcher = source.module(f"{PACKAGE}.fetcher")  # what the iterator's flattened base brings
-    fetcher.add_import("from collections.abc import Iterator")
-    fetcher.add_import(f"from {LIGHTNING_PACKAGE}.common import ITERATOR_USED_AFTER_ITS_LOOP, StepItem")
+    fetchers = source.module("loops.fetchers")
+    fetchers.replace("_DataLoaderIterDataFetcher", renamed(FETCHER))
+    fetchers.replace("_DataFetcherWrapper", renamed(STEP_ITERATOR))
+    for line in FETCHER_IMPORTS:
+        fetchers.add_import(line)
 
     utilities = source.module("loops.utilities")
-    utilities.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
     utilities.add_parameters(
         "_select_data_fetcher", "progress: Optional[_Progress] = None, drain_dataloader: Optional[Callable] = None"
     )
     utilities.add_import("from pytorch_lightning.loops.progress import _Progress")
-    utilities.remove_imported_name("_DataLoaderIterDataFetcher")
     utilities.replace_statement(
         "_select_data_fetcher",
         calls("_DataLoaderIterDataFetcher"),
         """
         # `progress` counts the batches the step consumes; `drain_dataloader`: an evaluation loop's drain calls at
         # the end of a dataloader (training drains in its epoch loop)
-        return _PrefetchingIterFetcher(trainer, step_fx_name, progress, drain_dataloader)
+        return _DataLoaderIterDataFetcher(trainer, step_fx_name, progress, drain_dataloader)
         """,
     )
 
@@ -164,18 +188,18 @@ def _look_ahead(source: LightningSource) -> None:
         """
         # the installed fetcher when the training step takes `dataloader_iter`, else None: decided once per
         # fetcher, since the loops ask on every batch
-        self.prefetching_fetcher: Optional[_PrefetchingIterFetcher] = None
+        self.prefetching_fetcher: Optional[_DataLoaderIterDataFetcher] = None
         """,
         after=assigns("self._data_fetcher"),
     )
-    fit_loop.add_import(f"from {LIGHTNING_PACKAGE}.fetcher import _PrefetchingIterFetcher")
+    fit_loop.add_import("from pytorch_lightning.loops.fetchers import _DataLoaderIterDataFetcher")
     fit_loop.replace_statement(
         "_FitLoop.setup_data",
         assigns("self._data_fetcher"),
         """
         self._data_fetcher = _select_data_fetcher(trainer, RunningStage.TRAINING, self.epoch_loop.batch_progress)
         fetcher = self._data_fetcher
-        self.prefetching_fetcher = fetcher if isinstance(fetcher, _PrefetchingIterFetcher) else None
+        self.prefetching_fetcher = fetcher if isinstance(fetcher, _DataLoaderIterDataFetcher) else None
         """,
     )
     fit_loop.insert_in_body(
@@ -203,6 +227,13 @@ def _look_ahead(source: LightningSource) -> None:
     )
 
 
+def renamed(source: str) -> str:
+    """``source`` with the prototype's names of what the patch carries spelled as Lightning's (``NAMES``)."""
+    for old, new in NAMES.items():
+        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
+    return source
+
+
 def _training_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
     test.replace_statement(
         "test_training_loop_dataloader_iter_multiple_dataloaders", asserts("model.batch_start_ins"),
@@ -228,6 +259,89 @@ def _prediction_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
     )
 
 
+def _assertion(test: str) -> Callable[[ast.stmt], bool]:
+    """The ``assert`` statement whose test is ``test``, as ``ast.unparse`` writes it."""
+    return lambda node: isinstance(node, ast.Assert) and ast.unparse(node.test) == test
+
+
+def _built_for_a_trainer(test: ModuleSource, name: str) -> None:
+    test.substitute(name, r"_DataLoaderIterDataFetcher\(\)", "_training_step_fetcher()")
+
+
+def _done_is_exact_for_unsized_data(test: ModuleSource) -> None:
+    # the helper the fetcher's unit tests build it with, added with the first of them
+    test.add_import("from lightning.pytorch.loops.progress import _Progress")
+    test.insert(
+        """
+        def _training_step_fetcher():
+            \"\"\"The fetcher the loops choose for ``training_step(self, dataloader_iter)``, built for a Trainer.\"\"\"
+            trainer = Trainer(
+                accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
+            )
+            trainer.strategy.connect(BoringModel())
+            return _DataLoaderIterDataFetcher(trainer, "training_step", _Progress())
+        """,
+        before="test_done_dataloader_iter",
+    )
+    name = "test_done_dataloader_iter"
+    _built_for_a_trainer(test, name)
+    test.remove_statement(name, asserts("dataloader_iter.data_fetcher"))
+    test.replace_statement(
+        name, lambda node: isinstance(node, ast.If) and ast.unparse(node.test) == "isinstance(iterable, list)",
+        "assert dataloader_iter.done  # the fetcher looks one batch ahead: exact for unsized data too",
+        comments_above=True,
+    )
+
+
+def _done_is_exact_with_a_limit(test: ModuleSource) -> None:
+    name = "test_done_dataloader_iter_with_limit"
+    _built_for_a_trainer(test, name)
+    for case in UNSIZED_CASES_NOW_KNOWN:
+        test.substitute(name, rf"^(\s*){re.escape(case)}, False\),.*$",
+                        rf"\g<1>{case}, True),  # looked ahead: exact for unsized data too")
+    test.substitute(name, r"# not sized, no prefetching -> can't know$", "# the second dataloader is left")
+    test.replace_statement(
+        name, lambda node: isinstance(node, ast.For),
+        """
+        for _ in range(num_fetches):
+            if dataloader_iter.done:  # `sequential`: the step gets each dataloader's iterator in turn
+                dataloader_iter = next(fetcher)
+            next(dataloader_iter)
+        """,
+    )
+    test.replace_statement(
+        name, _assertion("dataloader_iter.done == expected"),
+        "assert dataloader_iter.done == expected or mode == \"sequential\"  # it ends with its dataloader",
+    )
+
+
+def _empty_cycled_iterable_is_done(test: ModuleSource) -> None:
+    name = "test_done_dataloader_iter_empty_iterables"
+    _built_for_a_trainer(test, name)
+    test.replace_statement(
+        name, _assertion("fetcher.done == (mode == 'min_size')"),
+        """
+        # `max_size_cycle` cycles the empty iterable: its length is 3, but it yields nothing
+        assert fetcher.done == (mode in ("min_size", "max_size_cycle"))
+        """,
+    )
+
+
+# the cases of an unsized loader whose end the released fetcher could not know before reading past it
+UNSIZED_CASES_NOW_KNOWN = (
+    '("min_size", [IterDataset()], None, 3', '("min_size", [IterDataset(2), IterDataset(3)], None, 2',
+    '("max_size", [IterDataset(2), IterDataset(3)], 100, 3',
+    '("max_size_cycle", [IterDataset(2), IterDataset(3)], 100, 3',
+    '("sequential", [IterDataset(2), IterDataset(3)], 100, 5', '("max_size", [IterDataset(2), [1, 2, 3]], None, 3',
+    '("max_size_cycle", [IterDataset(2), [1, 2, 3]], None, 3',
+)
+FETCHER_BUILT_FOR_A_TRAINER = (
+    "the fetcher is built for the Trainer whose loop chooses it (it runs the transfer hooks and counts the batches "
+    "in the loop's progress) and looks one batch ahead, so `done` is exact for unsized data too; the step's "
+    "iterator ends with its dataloader"
+)
+
+
 START_HOOK_SEES_THE_STEP_BATCH = (
     "the batch-start hook received the previous call's batch (None at the first); it now receives the batch the "
     "step gets first"
@@ -240,14 +354,18 @@ ITEM = Item(
     """
 `_DataLoaderIterDataFetcher` handed the step an iterator over the fetcher itself: `done` was only known after the
 step had tried to read past the end, `on_train_batch_start` saw the batch of the previous call, and nothing said
-which batches the step had consumed. The loops now choose `_PrefetchingIterFetcher` (in the new private package
-`loops/_dataloader_iter/`): it peeks one batch ahead, so `done` is exact and the batch hooks see the batch the step
-gets first; it counts the batches handed out, records each step call's batches, and hands every step call of a
-loop over a dataloader the same iterator, valid until that loop ends. A `next()` between two calls (a pipeline's own
-loading thread) counts toward the next call. It loads each batch on the step's thread, as the step asks for it (a
-prefetch thread is not part of this change). A training step call cut short by the end of
-the data warns with `CutShortCallWarning`, public in `pytorch_lightning.utilities.warnings`, so that a user can
-filter it or make it an error by its category.
+which batches the step had consumed. It is rewritten in `loops/fetchers.py`, and the iterator a step receives,
+`_DataLoaderIter`, replaces `_DataFetcherWrapper`: the fetcher peeks one batch ahead, so `done` is exact and the batch
+hooks see the batch the step gets first; it counts the batches handed out, records each step call's batches, and
+hands every step call of a loop over a dataloader the same iterator, valid until that loop ends. A `next()` between
+two calls (a pipeline's own loading thread) counts toward the next call. It loads each batch on the step's thread, as
+the step asks for it (a prefetch thread is not part of this change). What it is built from, the producer that reads
+and transfers the batches and the record of the step calls, is in the new private package `loops/_dataloader_iter/`,
+where later commits add the drain calls and the ranks' vote. The fetcher is built for the Trainer whose loop chooses
+it, so its unit tests in `loops/test_fetchers.py` build it for one; with `from __future__ import annotations`, which
+its annotations need on Python 3.9, Lightning's ruff rewrites the module's five older annotations. A training step
+call cut short by the end of the data warns with `CutShortCallWarning`, public in
+`pytorch_lightning.utilities.warnings`, so that a user can filter it or make it an error by its category.
 """,
     _look_ahead,
     changelog=(
@@ -267,6 +385,14 @@ filter it or make it an error by its category.
     ),
     tests=("helpers/dataloader_iter.py", "loops/test_dataloader_iter_fetcher.py"),
     updated_tests=(
+        UpdatedTest("loops/test_fetchers.py", "test_done_dataloader_iter", FETCHER_BUILT_FOR_A_TRAINER,
+                    _done_is_exact_for_unsized_data),
+        UpdatedTest("loops/test_fetchers.py", "test_done_dataloader_iter_with_limit", FETCHER_BUILT_FOR_A_TRAINER,
+                    _done_is_exact_with_a_limit),
+        UpdatedTest("loops/test_fetchers.py", "test_done_dataloader_iter_empty_iterables",
+                    FETCHER_BUILT_FOR_A_TRAINER, _empty_cycled_iterable_is_done),
+        UpdatedTest("loops/test_fetchers.py", "test_done_dataloader_iter_zero_limit", FETCHER_BUILT_FOR_A_TRAINER,
+                    functools.partial(_built_for_a_trainer, name="test_done_dataloader_iter_zero_limit")),
         UpdatedTest(
             "loops/test_training_epoch_loop.py", "test_training_loop_dataloader_iter_multiple_dataloaders",
             START_HOOK_SEES_THE_STEP_BATCH, _training_start_hook_sees_the_step_batch,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rendering.markdown import cell, code, no_results, table
+from rendering.markdown import cell, code, commit_text, no_results, table
 from rendering.results import Inputs, load_json
 
 RESULTS_FILE = "lightning-tests.json"
@@ -172,8 +172,9 @@ def block_patch_coverage(inputs: Inputs, page_dir: Path) -> str:
     results = load_json(path)
     verdict = "met" if results["met"] else "**missed**"
     summary = (
-        f"The stack's own tests (those above, `{COVERAGE_COMMAND}`, at commit"
-        f" `{results['setup']['git_commit'][:12]}`) run **{results['run']} of the {results['added_statements']}"
+        f"The stack's own tests (those above, `{COVERAGE_COMMAND}`, at {commit_text(results['setup'])}; the"
+        f" series of the `patch/` sources `{results['sources'].removeprefix('sha256:')[:12]}`, which the default suite"
+        f" checks are this checkout's) run **{results['run']} of the {results['added_statements']}"
         f" statements it adds** to pytorch_lightning ({results['share']:.1%}; target {results['target']:.0%}:"
         f" {verdict}). Those no test runs:"
     )
