@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -44,6 +45,7 @@ from pathlib import Path
 from patch.edits import LightningSource
 from patch.items import ITEMS, TESTS_HERE, Item
 from patch.lightning_tests import TEST_ROOT
+from patch.migration import CHANGES
 from patch.repository import Repository, base_tree
 from patch.stack import STACK, PullRequest, check_stack, commit_message, items_of
 from patch.stack import commits as stack_commits
@@ -65,7 +67,9 @@ _COMMIT_DATE = "2000-01-01T00:00:00+0000"
 BASE_TAG = "base"  # the sdist as released, or the repository at its commit: the stack's base
 ITEMS_BRANCH = "items"  # one commit per item, in the stack's order: what each item changes
 DESCRIPTION = "DESCRIPTION.md"  # a pull request's description, beside its patches
-CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed")  # Lightning's CHANGELOG's, in its order
+CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed")
+# what the stack may add to the package's modules (tests and the CHANGELOG aside) for a reviewer to take in
+SOURCE_LINES_BUDGET = 1000  # Lightning's CHANGELOG's, in its order
 
 
 def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
@@ -308,6 +312,33 @@ def _tests_lines(made: list[Item]) -> list[str]:
     return lines
 
 
+def added_source_lines(tree: Path) -> dict[str, int]:
+    """The lines the stack adds to the package's modules (its tests and the CHANGELOG are not among them), by kind:
+    ``code``, ``docstrings``, ``comments`` and ``blank``; what the RFC holds against the pull requests' size."""
+    counts = dict.fromkeys(("code", "docstrings", "comments", "blank"), 0)
+    added: dict[str, list[int]] = {}
+    path = None
+    for line in git(tree, "diff", "-U0", BASE_TAG, "HEAD", "--", PACKAGE_IN_SDIST.as_posix()).splitlines():
+        if line.startswith("+++ "):
+            path = line[len("+++ b/"):] if line.endswith(".py") else None
+        elif path and (hunk := re.match(r"@@ -\S+ \+(\d+)(?:,(\d+))? @@", line)):
+            start, length = int(hunk.group(1)), int(hunk.group(2) or 1)
+            added.setdefault(path, []).extend(range(start, start + length))
+    for path, numbers in added.items():
+        source = git(tree, "show", f"HEAD:{path}")
+        lines = source.splitlines()
+        docstrings = {number for node in ast.walk(ast.parse(source))
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and ast.get_docstring(node, clean=False) is not None
+                      for number in range(node.body[0].lineno, node.body[0].end_lineno + 1)}
+        for number in numbers:
+            text = lines[number - 1].strip()
+            kind = ("blank" if not text else "docstrings" if number in docstrings
+                    else "comments" if text.startswith("#") else "code")
+            counts[kind] += 1
+    return counts
+
+
 def summary(tree: Path) -> dict:
     """Per item of the series (in the change list's order): its number, title, the module here that makes it, and
     the lines its edits add to and remove from each of Lightning's files (paths relative to the package); per pull
@@ -329,7 +360,9 @@ def summary(tree: Path) -> dict:
             "removed": sum(f["removed"] for f in files),
         })
     pull_requests = [{"title": pull_request.title, "commits": rows} for pull_request, _, rows in _pull_requests(tree)]
-    return {"schema": 1, "release": RELEASE, "items": items, "pull_requests": pull_requests}
+    return {"schema": 1, "release": RELEASE, "items": items, "pull_requests": pull_requests,
+            "added_source": added_source_lines(tree), "source_lines_budget": SOURCE_LINES_BUDGET,
+            "migration": [dataclasses.asdict(change) for change in CHANGES]}
 
 
 def to_repository_layout(patch_text: str) -> str:

@@ -26,6 +26,8 @@ import patch.series as series
 from patch.edits import LINE_LENGTH
 from patch.environment import BuildError, check_sdist_layout, marker_series
 from patch.items import ITEMS, TESTS_HERE, Item
+from patch.lightning_test_differences import CLASSIFIED
+from patch.migration import CHANGES
 from patch.stack import STACK, Commit, PullRequest, check_stack, commit_message
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
@@ -248,3 +250,21 @@ def test_every_test_module_written_for_lightning_belongs_to_exactly_one_item():
     claimed = [module for item in ITEMS for module in item.tests]
     written = sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("*.py"))
     assert sorted(claimed) == written, "name each module of patch/tests_pytorch in the `tests` of the item it tests"
+
+
+def test_every_migration_row_names_items_of_the_list_and_tests_that_exist():
+    """Each test a row of ``patch.migration.CHANGES`` names is a test the stack adds (``patch/tests_pytorch``), one of
+    Lightning's it updates, one of Lightning's whose difference is classified, or a conformance test here."""
+    updated = {f"{test.module}::{test.test}" for item in ITEMS for test in item.updated_tests}
+    classified = {key.removeprefix("tests.tests_pytorch.").split("[")[0] for key in CLASSIFIED}
+    here = Path(__file__).resolve().parent
+    numbers = {item.number for item in ITEMS}
+    for change in CHANGES:
+        assert change.tests and set(change.items) <= numbers, change
+        for test in change.tests:
+            path, _, name = test.partition("::")
+            module = path.removesuffix(".py").replace("/", ".")
+            defined = any(p.is_file() and re.search(rf"^def {name}\(", p.read_text(), re.M)
+                          for p in (TESTS_HERE / path, here / path))
+            assert defined or test in updated or f"{module}::{name}" in classified, (
+                f"{test}: neither a test the stack adds or updates, nor a classified difference, nor one of ours")

@@ -146,3 +146,29 @@ def test_the_block_says_where_the_stack_fails_on_master(tmp_path):
                     {2: "ImportError: x"})
     assert "do **not** apply with `git am`" in block and "`git am` says: Patch failed at 0002 commit 2" in block
     assert "| 2. commit 2 | ImportError: x |" in block
+
+
+def test_the_block_counts_the_added_source_by_kind_against_its_budget(tmp_path):
+    inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)]))
+    path = inputs.results_dir / code_pointers.PATCH_SUMMARY
+    summary = json.loads(path.read_text())
+    summary.update(added_source=dict(code=700, docstrings=200, comments=60, blank=90), source_lines_budget=1000)
+    path.write_text(json.dumps(summary))
+    block = patch_series.block_patch_series(inputs, tmp_path)
+    assert ("1050 are in the package's modules (its tests and the CHANGELOG aside): 700 of code, 200 of docstrings,"
+            " 60 of comments and 90 blank; 50 lines **over** the budget of 1000") in block
+    summary["added_source"]["code"] = 600
+    path.write_text(json.dumps(summary))
+    assert "; within the budget of 1000" in patch_series.block_patch_series(inputs, tmp_path)
+
+
+def test_the_migration_block_gives_each_change_its_adaptation_and_tests(tmp_path):
+    inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)]))
+    path = inputs.results_dir / code_pointers.PATCH_SUMMARY
+    summary = json.loads(path.read_text())
+    summary["migration"] = [dict(old="counts | calls", new="counts batches", adapt="nothing", items=[1, 5],
+                                 tests=["loops/test_a.py::test_one", "loops/test_b.py::test_two"])]
+    path.write_text(json.dumps(summary))
+    block = patch_series.block_patch_migration(inputs, tmp_path)
+    assert ("| counts \\| calls | counts batches | nothing | 1, 5 | `loops/test_a.py::test_one`<br>"
+            "`loops/test_b.py::test_two` |") in block

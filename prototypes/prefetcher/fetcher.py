@@ -56,6 +56,16 @@ class FetcherStepIterator(StepIterator):
         # Why bound here rather than a method calling it: one Python frame less on every next()
         self._take = functools.partial(fetcher.consume, dataloader_idx)
 
+    @property
+    def fetched(self) -> int:
+        """The batches handed out so far in this loop over the data, as Lightning's iterator told."""
+        return self._fetcher.fetched
+
+    @property
+    def length(self) -> int | None:
+        """The data's length as Lightning counts it (None where unsized), as Lightning's iterator told."""
+        return self._fetcher.length
+
     @override
     def _has_next(self) -> bool:
         return not self._fetcher.done_for(self.dataloader_idx, vote=False)

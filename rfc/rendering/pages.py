@@ -33,7 +33,7 @@ from rendering.defects import block_defects
 from rendering.drain_rules import DRAIN_BLOCKS
 from rendering.lightning_tests import block_lightning_stack_tests, block_lightning_tests, block_patch_coverage
 from rendering.markdown import display_path, once_per_page
-from rendering.patch_series import block_patch_cost, block_patch_series
+from rendering.patch_series import block_patch_cost, block_patch_migration, block_patch_series
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
 from rendering.prose_blocks import PROSE_BLOCKS
@@ -77,6 +77,7 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "plot-memory": plot_block("plot-memory"),
     "defects": block_defects,
     "patch-series": block_patch_series,
+    "patch-migration": block_patch_migration,
     "patch-cost": block_patch_cost,
     "lightning-tests": block_lightning_tests,
     "lightning-stack-tests": block_lightning_stack_tests,

@@ -41,6 +41,7 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
             title = f"{number}. {cell(pull_request['title'])}" if index == 0 else ""
             lines.append(f"| {title} | {cell(commit['subject'])} | {', '.join(map(str, commit['items']))} |"
                          f" +{commit['added']} −{commit['removed']} |")
+    lines += ["", *budget_lines(summary)]
     lines += ["", "| Item | Code here | Lightning's lines (+/−) |", "| --- | --- | --- |"]
     for item in items:
         where = code(item["code"]) if item["code"] else f"{no_code_of_its_own(item)}: {item['part']}"
@@ -51,6 +52,34 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     for item in items:
         lines.append(f"- **{item['number']}. {cell(item['title'])}.** {' '.join(item['why'].split())}")
     return "\n".join(lines)
+
+
+def budget_lines(summary: dict) -> list[str]:
+    """The lines the stack adds to the package's modules by kind, against the budget the RFC holds it to."""
+    kinds = summary.get("added_source")
+    if kinds is None:
+        return []
+    total, budget = sum(kinds.values()), summary["source_lines_budget"]
+    verdict = "within" if total <= budget else f"{total - budget} lines **over**"
+    return [
+        f"Of the lines added, {total} are in the package's modules (its tests and the CHANGELOG aside):"
+        f" {kinds['code']} of code, {kinds['docstrings']} of docstrings, {kinds['comments']} of comments and"
+        f" {kinds['blank']} blank; {verdict} the budget of {budget} lines a reviewer's pass takes in."
+    ]
+
+
+def block_patch_migration(inputs: Inputs, page_dir: Path) -> str:
+    """What a user of today's flavour notices under the stack and how to adapt, each change with the tests that show
+    it (``patch/migration.py``, written into the series summary)."""
+    path = inputs.results_dir / PATCH_SUMMARY
+    if not path.is_file():
+        return no_results("the patch series summary", COMMAND)
+    rows = load_json(path).get("migration") or []
+    table = ["| Today | With the stack | How to adapt | Items | Shown by |", "| --- | --- | --- | --- | --- |"]
+    table += [f"| {cell(row['old'])} | {cell(row['new'])} | {cell(row['adapt'])} |"
+              f" {', '.join(map(str, row['items']))} | {'<br>'.join(code(test) for test in row['tests'])} |"
+              for row in rows]
+    return "\n".join(table)
 
 
 PREFIXES_FILE = "patch-prefixes.json"  # written by `python -m patch.prefixes --json rfc/results/patch-prefixes.json`

@@ -57,12 +57,14 @@ def test_done_and_has_batches_are_exact_before_the_step_reads(tmp_path):
         def __init__(self):
             super().__init__()
             self.done_before, self.has_two_before, self.done_after = [], [], []
+            self.fetched_and_length = []
 
         def training_step(self, dataloader_iter):
             self.done_before.append(dataloader_iter.done)
             self.has_two_before.append(dataloader_iter.has_batches(2))
             batch, _, _ = next(dataloader_iter)
             self.done_after.append(dataloader_iter.done)
+            self.fetched_and_length.append((dataloader_iter.fetched, dataloader_iter.length))
             return self.step(batch)
 
     model = RecordsTheEnd()
@@ -72,3 +74,5 @@ def test_done_and_has_batches_are_exact_before_the_step_reads(tmp_path):
     assert model.done_before == [False, False, False]
     assert model.has_two_before == [True, True, False]
     assert model.done_after == [False, False, True]
+    # what the iterator told before: the batches handed out so far and the loader's length
+    assert model.fetched_and_length == [(1, 3), (2, 3), (3, 3)]
