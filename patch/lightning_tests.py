@@ -19,6 +19,7 @@ and records, per test, its outcome on stock and patched (``stack_tests``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -356,13 +357,17 @@ def rerun_differences(interpreters: dict[str, str], tree: Path, differences: lis
         print(f"rerun {row['test']}: {row['reruns']}", flush=True)
 
 
-def stack_test_ids() -> list[str]:
+@functools.cache
+def stack_test_ids() -> tuple[str, ...]:
     """The ids (as the runner's junit names them) of the tests the stack adds or updates:
     ``tests.tests_pytorch.<module>`` for a module it adds, ``<module>::<test>`` for a test of Lightning's it updates
-    (each of its parametrisations)."""
-    return [_test_id(module) for module in STACK_TEST_MODULES] + [
-        f"{_test_id(updated.module)}::{updated.test}" for updated in UPDATED_TESTS
-    ]
+    (each of its parametrisations). Computed once: a run asks for each of thousands of test ids."""
+    return (*(_test_id(module) for module in STACK_TEST_MODULES), *_updated_test_ids())
+
+
+@functools.cache
+def _updated_test_ids() -> tuple[str, ...]:
+    return tuple(f"{_test_id(updated.module)}::{updated.test}" for updated in UPDATED_TESTS)
 
 
 def is_stack_test(test_id: str) -> bool:
@@ -375,8 +380,8 @@ def is_stack_test(test_id: str) -> bool:
 
 def updated_test_of(test_id: str) -> str | None:
     """The updated test of Lightning's (``<module>::<test>``) that ``test_id`` is a parametrisation of, or None."""
-    updated = [f"{_test_id(u.module)}::{u.test}" for u in UPDATED_TESTS]
-    return next((known for known in updated if test_id == known or test_id.startswith(f"{known}[")), None)
+    return next((known for known in _updated_test_ids() if test_id == known or test_id.startswith(f"{known}[")),
+                None)
 
 
 def judge_stack_tests(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict]:
