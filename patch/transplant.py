@@ -20,9 +20,13 @@ from typing import Any
 from patch.edits import import_statement
 
 
-def definition_source(obj: Callable[..., Any] | type, *, name: str, constants: Mapping[str, str] = {}) -> str:
-    """The source of ``obj``'s definition, dedented, renamed ``name``, each constant replaced by its literal."""
-    source = textwrap.dedent(inspect.getsource(obj))
+def definition_source(
+    obj: Callable[..., Any] | type, *, name: str, constants: Mapping[str, str] = {},
+    substitutions: Mapping[str, str] = {},
+) -> str:
+    """The source of ``obj``'s definition, dedented, renamed ``name``, each constant replaced by its literal, and
+    each text of ``substitutions`` replaced as given (what the prototype needs where Lightning's loops do not)."""
+    source = _substituted(textwrap.dedent(inspect.getsource(obj)), substitutions, obj.__name__)
     source = re.sub(rf"^(\s*(?:def|class)\s+){re.escape(obj.__name__)}\b", rf"\g<1>{name}", source, count=1, flags=re.M)
     for constant, literal in constants.items():
         source = re.sub(rf"\b{re.escape(constant)}\b", literal, source)
@@ -126,11 +130,15 @@ def class_source(
     docstring = ast.get_docstring(ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0], clean=False)
     heading = f"class {name}({bases}):" if bases else f"class {name}:"
     source = f'{heading}\n    """{docstring}"""\n\n' + "".join(f"{text}\n" for text in attributes) + "\n".join(members)
+    return for_lightning(_substituted(source, substitutions, f"the flattened {cls.__name__}"))
+
+
+def _substituted(source: str, substitutions: Mapping[str, str], where: str) -> str:
     for old, new in substitutions.items():
         if old not in source:
-            raise ValueError(f"{old!r} is not in the flattened {cls.__name__}")
+            raise ValueError(f"{old!r} is not in {where}")
         source = source.replace(old, new)
-    return for_lightning(source)
+    return source
 
 
 def _without_super_init(member: str, owner: type, flattened: list[type]) -> str:

@@ -8,11 +8,15 @@ from patch.edits import LightningSource, ModuleSource, assigns
 from patch.items import Item, UpdatedTest
 from patch.items.draining import STEP_METHODS_TEST, count_drain_calls
 from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, NAMES, PACKAGE
-from patch.transplant import methods_source, module_source
+from patch.transplant import definition_source, methods_source, module_source
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
 from prototypes.prefetcher.loops import _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
 
 _STEP_CALL = "_step_call"
+_NOT_THE_FETCHERS = (  # the prototype's guard for an iterator of Lightning's own fetcher
+    "    if not isinstance(dataloader_iter, FetcherStepIterator):\n"
+    "        return step(dataloader_iter, *args, **kwargs)\n"
+)
 
 
 def _is_the_while_loop(node: ast.stmt) -> bool:
@@ -47,6 +51,9 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
         module_source(
             prototypes.prefetcher.loops, imports=IMPORTS, keep={_STEP_CALL},
             names={"_PrefetchingEvaluationSteps": "Any", **NAMES},
+            # the changed loops call it only with the fetcher's iterator
+            replacements={_STEP_CALL: definition_source(prototypes.prefetcher.loops._step_call, name=_STEP_CALL,
+                                                        substitutions={_NOT_THE_FETCHERS: ""})},
             docstring="An evaluation or prediction step call: the StopIteration at its dataloader's end ends it.",
         ),
     )

@@ -55,7 +55,7 @@ The loaders' state, read after each batch: what a checkpoint records for the bat
 The producer: loads a loop's batches one at a time, as the step asks for them, and transfers them. It knows no loop
 and no step call.
 """),
-    "step_calls": (prototypes.prefetcher.step_calls, None, (), """
+    "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls"}, """
 The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
 running call, batches taken between calls, drain calls.
 """),
@@ -84,6 +84,10 @@ FLATTENED = {"common": {
             "        if pin is not None:\n            batch = pin(batch)\n": "",
         },
     ),
+}, "step_calls": {
+    # its mixins (the held batches, the ranks' vote) written into it; its base, the record every loop keeps, stays
+    "EpochStepCalls": class_source(prototypes.prefetcher.step_calls.EpochStepCalls, name="EpochStepCalls",
+                                   bases="StepCalls", within="prototypes.prefetcher."),
 }}
 # The fetcher, in `loops/fetchers.py` in place of the one it replaces, and the iterator a step receives, in place of
 # `_DataFetcherWrapper`: the prototype's mixins and its iterator's base flattened into them. Left out: `_take` of the

@@ -17,6 +17,8 @@ def _refuse_misuse(source: LightningSource) -> None:
             refuse_mixed_step_signature,
             name="_refuse_mixed_step_signature",
             constants={"DATALOADER_ITER": json.dumps(DATALOADER_ITER)},
+            # the selection calls it only for a step that declares `dataloader_iter`
+            substitutions={"    if DATALOADER_ITER not in parameters:\n        return\n": ""},
         ),
         before="_select_data_fetcher",
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,9 @@ def drain(
         def vote_after_call(ended: bool) -> RanksVote:
             return vote(trainer, not ended, pulled_ahead=not ended, continues_the_dataloader=not ended)
 
-    for calls in itertools.count(1):
+    calls = 0
+    while True:
+        calls += 1
         if not vote_after_call(drain_call()).every_rank_continues_the_dataloader:
             return calls
         if calls >= NoProgressGuard.LIMIT:
@@ -53,7 +54,6 @@ def drain(
                 " or by returning None without stepping an optimizer: raise StopIteration (or return None) once the"
                 " step holds no batch (`dataloader_iter.done` is True in every drain call)."
             )
-    raise AssertionError("unreachable")
 
 
 # [RFC 3]
