@@ -282,12 +282,24 @@ def describe(number: int, pull_request: PullRequest, rows: list[dict]) -> str:
     lines += ["", "## What a user notices", ""]
     lines += [f"- **{item.title}** (the RFC's change list, item {item.number}). {' '.join(item.why.split())}"
               for item in made]
-    lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), "", "## Tests", "", *_tests_lines(made),
+    lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), *_migration_lines(made), "", "## Tests",
+              "", *_tests_lines(made),
               "", "## CHANGELOG", ""]
     for heading in CHANGELOG_SECTIONS:
         entries = [entry for item in made for section, entry in item.changelog if section == heading]
         lines += [f"### {heading}", "", *(f"- {entry}" for entry in entries), ""] if entries else []
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _migration_lines(made: list[Item]) -> list[str]:
+    """The rows of the migration table (``patch.migration.CHANGES``) whose items this pull request makes."""
+    numbers = {item.number for item in made}
+    rows = [change for change in CHANGES if set(change.items) & numbers]
+    if not rows:
+        return []
+    lines = ["", "| Today | With this change | How to adapt |", "| --- | --- | --- |"]
+    cells = [[text.replace("|", "\\|") for text in (change.old, change.new, change.adapt)] for change in rows]
+    return lines + [f"| {' | '.join(row)} |" for row in cells]
 
 
 def _tests_lines(made: list[Item]) -> list[str]:

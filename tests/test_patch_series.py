@@ -131,6 +131,10 @@ def test_each_description_gives_its_commits_what_a_user_notices_how_to_adapt_its
         assert all(" ".join(entry.split()) in text for item in made for _, entry in item.changelog), directory.name
         tests = [module for item in made for module in item.tests if Path(module).name.startswith("test_")]
         assert all(f"- `{module}`: `test_" in text for module in tests), directory.name
+        if generated["items"] is ITEMS:  # the migration table's rows of the items it makes, under how to adapt
+            numbers = {item.number for item in made}
+            adapt = text.split("## How to adapt")[1].split("## Tests")[0]
+            assert all(change.adapt in adapt for change in CHANGES if set(change.items) & numbers), directory.name
 
 
 def test_a_stack_that_misplaces_an_item_or_makes_an_empty_commit_is_refused(generated, monkeypatch, tmp_path):
