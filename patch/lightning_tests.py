@@ -336,28 +336,32 @@ def rerun_differences(interpreters: dict[str, str], tree: Path, differences: lis
                       reruns: int = RERUNS) -> None:
     """Run each differing test ``reruns`` times more on each build and record the outcomes in its row (``reruns``):
     the classification tells a difference that does not repeat (a flake of the first run on a busy machine) from a
-    change. A module's collection error (``::<module>``) has nothing to run alone."""
+    change. The differing parametrisations of one test run together, one pytest process per test and attempt (a
+    process's start costs more than most tests). A module's collection error (``::<module>``) has nothing to run
+    alone."""
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    by_test: dict[str, list[dict]] = {}
     for row in differences:
         module, _, name = row["test"].partition("::")
-        if not module or not name:
-            continue
-        node = f"{module.removeprefix('tests.tests_pytorch.').replace('.', '/')}.py::{name}"
-        row["reruns"] = {}
+        if module and name:
+            node = f"{module.removeprefix('tests.tests_pytorch.').replace('.', '/')}.py::{name.split('[')[0]}"
+            by_test.setdefault(node, []).append(row)
+    for node, rows in by_test.items():
+        for row in rows:
+            row["reruns"] = {label: [] for label in interpreters}
         for label, python in interpreters.items():
-            outcomes = []
             for attempt in range(reruns):
                 junit = tree / f"rerun-{label}-{attempt}.xml"
                 junit.unlink(missing_ok=True)
                 subprocess.run(pytest_command(python, node, junit, timeout_s), cwd=tree / TEST_ROOT, env=env,
                                check=False, capture_output=True)
                 found = parse_junit(junit.read_text()) if junit.is_file() else {}
-                outcomes.append(found[row["test"]].outcome if row["test"] in found else "absent")
-            row["reruns"][label] = outcomes
-        print(f"rerun {row['test']}: {row['reruns']}", flush=True)
+                for row in rows:
+                    row["reruns"][label].append(found[row["test"]].outcome if row["test"] in found else "absent")
+        for row in rows:
+            print(f"rerun {row['test']}: {row['reruns']}", flush=True)
 
 
-@functools.cache
 def stack_test_ids() -> tuple[str, ...]:
     """The ids (as the runner's junit names them) of the tests the stack adds or updates:
     ``tests.tests_pytorch.<module>`` for a module it adds, ``<module>::<test>`` for a test of Lightning's it updates

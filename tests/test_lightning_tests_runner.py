@@ -3,6 +3,7 @@ test requirements it would install. No Lightning checkout and no network."""
 
 import copy
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from patch.lightning_test_differences import Deliberate, Regression, classify, classify_report
 from patch.lightning_tests import (
     STACK_TEST_MODULES,
+    TEST_ROOT,
     UPDATED_TESTS,
     Outcome,
     copy_rewritten,
@@ -21,6 +23,7 @@ from patch.lightning_tests import (
     parse_junit,
     passed_on_both,
     requirement_name,
+    rerun_differences,
     rewrite_imports,
     stack_test_ids,
     stack_tests_not_shown,
@@ -260,3 +263,18 @@ def test_a_difference_that_passes_on_both_builds_in_every_rerun_is_not_repeated_
     assert flake["classification"] == "not repeated"
     assert flake["why"] == "passed in every rerun (3 on stock and 3 on patched)"
     assert change["classification"] == "unclassified"  # a rerun that fails again is not a flake
+
+
+def test_the_differing_parametrisations_of_a_test_run_again_together_each_outcome_read_per_row(tmp_path):
+    tests = tmp_path / TEST_ROOT / "loops"
+    tests.mkdir(parents=True)
+    (tests / "test_rerun.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('n', [1, 2, 3])\ndef test_n(n):\n    assert n != 2\n"
+    )
+    (tmp_path / TEST_ROOT / "conftest.py").write_text("")
+    rows = [{"test": f"tests.tests_pytorch.loops.test_rerun::test_n[{n}]"} for n in (1, 2)]
+    rows.append({"test": "::tests.tests_pytorch.loops.test_broken"})  # a collection error: nothing to run alone
+    rerun_differences({"stock": sys.executable}, tmp_path, rows, timeout_s=60, reruns=2)
+    assert rows[0]["reruns"] == {"stock": ["passed", "passed"]}
+    assert rows[1]["reruns"] == {"stock": ["failed", "failed"]}
+    assert "reruns" not in rows[2]
