@@ -494,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
             report["runs"][label] = run_summary(python, runs[label])
         if "patched" in runs:
             report["differences"] = diff_outcomes(runs["stock"]["outcomes"], runs["patched"]["outcomes"])
-            # the stack's own tests differ by design (they are judged below, not classified): only the rest run again
+            # with --stack-tests the stack's own tests differ by design (judged below, not classified): the rest
+            # run again
             rerun_differences(interpreters, tree, [row for row in report["differences"]
-                                                   if not is_stack_test(row["test"])], args.timeout)
+                                                   if not (args.stack_tests and is_stack_test(row["test"]))],
+                              args.timeout)
     stock = runs["stock"]["outcomes"]
     report["tests_run"] = report["runs"]["stock"]["counts"]["ran"]
     if "patched" in runs:
