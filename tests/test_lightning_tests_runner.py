@@ -271,7 +271,8 @@ def test_the_differing_parametrisations_of_a_test_run_again_together_each_outcom
     (tests / "test_rerun.py").write_text(
         "import pytest\n\n\n@pytest.mark.parametrize('n', [1, 2, 3])\ndef test_n(n):\n    assert n != 2\n"
     )
-    (tmp_path / TEST_ROOT / "conftest.py").write_text("")
+    # the tree's root is pytest's rootdir, as the copied pyproject.toml makes it: the junit ids start from there
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
     rows = [{"test": f"tests.tests_pytorch.loops.test_rerun::test_n[{n}]"} for n in (1, 2)]
     rows.append({"test": "::tests.tests_pytorch.loops.test_broken"})  # a collection error: nothing to run alone
     rerun_differences({"stock": sys.executable}, tmp_path, rows, timeout_s=60, reruns=2)
