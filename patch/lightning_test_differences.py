@@ -61,6 +61,20 @@ CLASSIFIED: dict[str, Classification] = {
     f"{_TESTS}loops.test_fetchers::test_stop_iteration_with_dataloader_iter[True]": Deliberate(
         "C14", "the step raises its own `StopIteration` while `dataloader_iter` has batches left; case (f) makes "
         "that an error instead of an epoch cut short"),
+    f"{_TESTS}loops.test_fetchers::test_done_dataloader_iter": Deliberate(
+        "C5", "builds the fetcher bare and expects `done` unknown for unsized data until a `next()` found the end;"
+        " the fetcher is now built for its Trainer and looks one batch ahead, so `done` is exact (the stack updates"
+        " the test)"),
+    f"{_TESTS}loops.test_fetchers::test_done_dataloader_iter_with_limit": Deliberate(
+        "C5", "builds the fetcher bare, expects `done` unknown for unsized data and one iterator across `sequential`"
+        " dataloaders; the fetcher is built for its Trainer, `done` is exact and each dataloader gets its iterator"
+        " (C15; the stack updates the test)"),
+    f"{_TESTS}loops.test_fetchers::test_done_dataloader_iter_empty_iterables": Deliberate(
+        "C5", "builds the fetcher bare and expects a `max_size_cycle` loader with an empty iterable not done by its"
+        " length; it yields nothing, and the fetcher, looking ahead, says so (the stack updates the test)"),
+    f"{_TESTS}loops.test_fetchers::test_done_dataloader_iter_zero_limit": Deliberate(
+        "C5", "builds the fetcher bare; it is now built for the Trainer whose loop chooses it (the stack updates the"
+        " test)"),
     f"{_TESTS}loops.test_training_epoch_loop::test_training_loop_dataloader_iter_multiple_dataloaders": Deliberate(
         "C8", "asserts `on_train_batch_start` gets the previous call's batch (`None` first); it now gets the batch "
         "the step will receive"),
