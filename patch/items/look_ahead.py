@@ -89,14 +89,24 @@ FLATTENED = {"common": {
     "EpochStepCalls": class_source(prototypes.prefetcher.step_calls.EpochStepCalls, name="EpochStepCalls",
                                    bases="StepCalls", within="prototypes.prefetcher."),
 }}
+PRODUCER_HOOKS = ("_producer_transfer", "_start_producing", "_next_produced", "_stop_producing")
 # The fetcher, in `loops/fetchers.py` in place of the one it replaces, and the iterator a step receives, in place of
 # `_DataFetcherWrapper`: the prototype's mixins and its iterator's base flattened into them. Left out: `_take` of the
 # iterator's base (the iterator binds its own), and `adopt`, how the prototype's loops take over the loader iterator
 # Lightning's evaluation loop started (the changed loops build this fetcher themselves).
 FETCHER = class_source(
     prototypes.prefetcher.fetcher._PrefetchingIterFetcher, name="_DataLoaderIterDataFetcher", bases="_DataFetcher",
-    drop=("adopt",), substitutions={
+    drop=("adopt", *PRODUCER_HOOKS), substitutions={
         "_DataFetcher.__iter__(self)": "super().__iter__()",
+        # the producer's hooks, which only the prototype's threaded fetcher overrides, written where they are called
+        "self._producer_transfer()": "BatchTransfer(self.trainer)",
+        "        self._start_producing(producer)\n": "        self._producer = producer\n",
+        "return self._next_produced()": "return self._producer()",
+        "        self._stop_producing()\n": (
+            "        # it holds the run's hooks and profiler wrappers, which a Trainer pickled after fit must not\n"
+            "        # carry\n"
+            "        self._producer = None\n"
+        ),
         # what the fetcher it subclassed in the prototype set: the loops read them
         "        super().__init__()\n": (
             "        super().__init__()\n        self._batch: Any = None\n        self._batch_idx: int = 0\n"
