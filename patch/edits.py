@@ -374,6 +374,16 @@ def asserts(dotted: str) -> Predicate:
     return matches
 
 
+def asserts_exactly(test: str) -> Predicate:
+    """The ``assert`` statement whose test is ``test``, as ``ast.unparse`` writes it (where ``asserts`` would match
+    several statements reading the same name)."""
+
+    def matches(node: ast.stmt) -> bool:
+        return isinstance(node, ast.Assert) and ast.unparse(node.test) == test
+
+    return matches
+
+
 def raises(exception: str) -> Predicate:
     """A statement (an ``if``, say) whose body raises ``exception``."""
 

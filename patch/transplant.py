@@ -58,8 +58,8 @@ def module_source(
         if defined and (defined & set(drop) or (keep is not None and not defined & keep)):
             continue
         kept.append((index, node))
-    tree.body = [ast.parse(replacements[name]).body[0] if (name := _single_name(node)) in replacements else node
-                 for _, node in kept]
+    replaced = {index: replacements[name] for index, node in kept if (name := _single_name(node)) in replacements}
+    tree.body = [ast.parse(replaced[index]).body[0] if index in replaced else node for index, node in kept]
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | _names_in_strings(tree)
     lines = inspect.getsource(module).splitlines(keepends=True)
     pieces, previous_end, previous_index = [], 0, -1
@@ -75,8 +75,8 @@ def module_source(
             gap = ["\n", "\n", *comments]
         pieces.append("".join(gap))
         text = "".join(lines[start - 1:node.end_lineno])
-        if _single_name(node) in replacements:
-            text = replacements[_single_name(node)]
+        if index in replaced:
+            text = replaced[index]
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             text = _rewritten_import(node, used, imports)
         pieces.append(text)
@@ -84,9 +84,14 @@ def module_source(
     source = re.sub(r"\n{3,}(?=(?:from|import) )", "\n\n", "".join(pieces))
     if docstring is not None:
         source = '"""' + docstring.strip() + '"""\n\n' + source.lstrip("\n")
+    return for_lightning(renamed(source, names)).rstrip("\n") + "\n"
+
+
+def renamed(source: str, names: Mapping[str, str]) -> str:
+    """``source`` with each identifier of ``names`` spelled as it maps it (a prototype's name -> Lightning's)."""
     for old, new in names.items():
         source = re.sub(rf"\b{re.escape(old)}\b", new, source)
-    return for_lightning(source).rstrip("\n") + "\n"
+    return source
 
 
 def for_lightning(source: str) -> str:
@@ -113,8 +118,10 @@ def class_source(
     outside = [c for c in cls.__mro__ if c not in flattened]
     seen, attributes, members = set(drop), [], []
     for owner in flattened:
-        body = ast.parse(textwrap.dedent(inspect.getsource(owner))).body[0]
-        lines = textwrap.dedent(inspect.getsource(owner)).splitlines(keepends=True)
+        written = textwrap.dedent(inspect.getsource(owner))
+        body, lines = ast.parse(written).body[0], written.splitlines(keepends=True)
+        if owner is cls:
+            docstring = ast.get_docstring(body, clean=False)
         for node in body.body:
             member = _member_key(node)
             if member is None or member in seen or (isinstance(node, ast.AnnAssign) and node.value is None):
@@ -127,7 +134,6 @@ def class_source(
             if not any(member.split(".")[0] in c.__dict__ for c in outside):  # it overrides nothing any more
                 text = re.sub(r"^ *@override\n", "", text, flags=re.M)
             (attributes if isinstance(node, (ast.Assign, ast.AnnAssign)) else members).append(text)
-    docstring = ast.get_docstring(ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0], clean=False)
     heading = f"class {name}({bases}):" if bases else f"class {name}:"
     source = f'{heading}\n    """{docstring}"""\n\n' + "".join(f"{text}\n" for text in attributes) + "\n".join(members)
     return for_lightning(_substituted(source, substitutions, f"the flattened {cls.__name__}"))

@@ -9,7 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from patch.edits import LICENSE_HEADER, LightningSource, ModuleSource, PlaceNotFound, asserts, assigns, calls
+from patch.edits import (
+    LICENSE_HEADER,
+    LightningSource,
+    ModuleSource,
+    PlaceNotFound,
+    asserts,
+    asserts_exactly,
+    assigns,
+    calls,
+)
 
 MODULE = textwrap.dedent('''\
     """A loop."""
@@ -162,6 +171,13 @@ def test_an_assert_is_named_by_what_it_reads_and_replaced_with_the_comments_abov
                                   comments_above=True)
     text = test_module.path.read_text()
     assert "    model = fit(tmp_path)\n    assert model.calls == 5  # a drain call\n    assert model.batches" in text
+
+
+def test_an_assert_is_named_exactly_where_several_read_the_same_name(test_module):
+    with pytest.raises(PlaceNotFound):
+        test_module.statement("test_counts", asserts("model.record"))  # both record asserts read it
+    exactly = asserts_exactly("model.record['validation']['raised'] == 0")
+    assert test_module.statement("test_counts", exactly).lineno == 10
 
 
 def test_remove_statement_drops_the_one_statement_that_matches(test_module):

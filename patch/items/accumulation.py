@@ -2,8 +2,8 @@
 
 from patch.edits import LightningSource, assigns
 from patch.items import Item
-from patch.items.look_ahead import LIGHTNING_PACKAGE, renamed
-from patch.transplant import methods_source
+from patch.items.look_ahead import LIGHTNING_PACKAGE, NAMES
+from patch.transplant import methods_source, renamed
 from prototypes.lightning_changes.optimization import StepFirstAutomaticOptimization
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop, _StepCallAutomaticOptimization
 
@@ -43,7 +43,7 @@ def _step_after_the_call(source: LightningSource) -> None:
         at_start=True,
     )
     automatic.insert(
-        renamed(methods_source(_StepCallAutomaticOptimization, ("run_fetched_step_call",)))
+        renamed(methods_source(_StepCallAutomaticOptimization, ("run_fetched_step_call",)), NAMES)
         + "\n"
         + methods_source(
             StepFirstAutomaticOptimization,

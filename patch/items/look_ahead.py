@@ -12,7 +12,6 @@ pinning step it uses: the RFC defers it (its thread decision), and code no user 
 import ast
 import functools
 import re
-from collections.abc import Callable
 
 import prototypes.batches_per_call
 import prototypes.common
@@ -22,9 +21,9 @@ import prototypes.lightning_changes.optimization
 import prototypes.prefetcher.fetcher
 import prototypes.prefetcher.producer
 import prototypes.prefetcher.step_calls
-from patch.edits import LightningSource, ModuleSource, asserts, assigns, calls
+from patch.edits import LightningSource, ModuleSource, asserts, asserts_exactly, assigns, calls
 from patch.items import Item, UpdatedTest
-from patch.transplant import class_source, definition_source, module_source
+from patch.transplant import class_source, definition_source, module_source, renamed
 
 PACKAGE = "loops._dataloader_iter"
 LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
@@ -169,8 +168,8 @@ def _look_ahead(source: LightningSource) -> None:
                              replacements=FLATTENED.get(name, {}))
         source.add_module(f"{PACKAGE}.{name}", text)
     fetchers = source.module("loops.fetchers")
-    fetchers.replace("_DataLoaderIterDataFetcher", renamed(FETCHER))
-    fetchers.replace("_DataFetcherWrapper", renamed(STEP_ITERATOR))
+    fetchers.replace("_DataLoaderIterDataFetcher", renamed(FETCHER, NAMES))
+    fetchers.replace("_DataFetcherWrapper", renamed(STEP_ITERATOR, NAMES))
     for line in FETCHER_IMPORTS:
         fetchers.add_import(line)
 
@@ -241,13 +240,6 @@ def _look_ahead(source: LightningSource) -> None:
     )
 
 
-def renamed(source: str) -> str:
-    """``source`` with the prototype's names of what the patch carries spelled as Lightning's (``NAMES``)."""
-    for old, new in NAMES.items():
-        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
-    return source
-
-
 def _training_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
     test.replace_statement(
         "test_training_loop_dataloader_iter_multiple_dataloaders", asserts("model.batch_start_ins"),
@@ -271,11 +263,6 @@ def _prediction_start_hook_sees_the_step_batch(test: ModuleSource) -> None:
         "test_prediction_loop_with_iterable_dataset", asserts("model.batch_start_ins"),
         "assert model.batch_start_ins == model.step_outs",
     )
-
-
-def _assertion(test: str) -> Callable[[ast.stmt], bool]:
-    """The ``assert`` statement whose test is ``test``, as ``ast.unparse`` writes it."""
-    return lambda node: isinstance(node, ast.Assert) and ast.unparse(node.test) == test
 
 
 def _built_for_a_trainer(test: ModuleSource, name: str) -> None:
@@ -324,7 +311,7 @@ def _done_is_exact_with_a_limit(test: ModuleSource) -> None:
         """,
     )
     test.replace_statement(
-        name, _assertion("dataloader_iter.done == expected"),
+        name, asserts_exactly("dataloader_iter.done == expected"),
         "assert dataloader_iter.done == expected or mode == \"sequential\"  # it ends with its dataloader",
     )
 
@@ -333,7 +320,7 @@ def _empty_cycled_iterable_is_done(test: ModuleSource) -> None:
     name = "test_done_dataloader_iter_empty_iterables"
     _built_for_a_trainer(test, name)
     test.replace_statement(
-        name, _assertion("fetcher.done == (mode == 'min_size')"),
+        name, asserts_exactly("fetcher.done == (mode == 'min_size')"),
         """
         # `max_size_cycle` cycles the empty iterable: its length is 3, but it yields nothing
         assert fetcher.done == (mode in ("min_size", "max_size_cycle"))
