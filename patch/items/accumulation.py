@@ -47,7 +47,7 @@ def _step_after_the_call(source: LightningSource) -> None:
         + "\n"
         + methods_source(
             StepFirstAutomaticOptimization,
-            ("start_epoch", "run_step_call", "_note_data_ended", "close_window", "_zero_grad_fn_of_a_drain_call"),
+            ("start_epoch", "run_step_call", "close_window", "_zero_grad_fn_of_a_drain_call"),
         ),
         after="_AutomaticOptimization.run",
     )

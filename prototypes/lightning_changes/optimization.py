@@ -64,7 +64,10 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
             zero_grad_fn=(zero_grad or self._make_zero_grad_fn)(step_call_idx, optimizer),
         )
         blocked = blocks_gradient_sync(trainer, call)
-        with _block_parallel_sync_behavior(trainer.strategy, block=blocked):
+        if blocked:
+            with _block_parallel_sync_behavior(trainer.strategy):
+                closure()
+        else:  # Why not the context manager with block=False: it does nothing, in a generator's frames on every batch
             closure()
         result = closure.consume_result()
         backward_ended()
@@ -75,18 +78,15 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         self._window_open, self._window_loss = True, result.loss
         # Why accumulate_grad_batches first: without accumulation every call closes its window, and asking the
         # strategy and the loop is a chain of calls on every batch
-        if trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation:
+        every_call_closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
+        if every_call_closes:
             self.close_window(step_call_idx)
-            self._note_data_ended(data_ended)
-        else:
-            self._note_data_ended(data_ended)  # the window closes at the data's end
-            if not trainer.fit_loop._should_accumulate():
-                self.close_window(step_call_idx)
-        return {} if result.loss is None else result.asdict()
-
-    def _note_data_ended(self, data_ended: Callable[[], bool]) -> None:
+        # Why after close_window where every call closes its window: the ranks' vote travels during the optimizer step
         if data_ended():
-            self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+            trainer.fit_loop.epoch_loop.batch_progress.is_last_batch = True
+        if not (every_call_closes or trainer.fit_loop._should_accumulate()):
+            self.close_window(step_call_idx)  # by its index, or at the data's end
+        return {} if result.loss is None else result.asdict()
 
     def close_window(self, step_call_idx: int) -> None:
         """Step the optimizer for the open window with the loss its last call computed; nothing if none is open. A

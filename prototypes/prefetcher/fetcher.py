@@ -281,7 +281,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         # Why a fast path: the loop asks three times per call, mostly with the next batch peeked and no vote due; the
         # answer is then "not done" without the lock
         calls = self.calls
-        if calls.head is not None and not calls.vote_pending():
+        if calls.head is not None and not (calls.ranks_vote and calls.vote_pending()):
             return False
         return calls.peek_on_every_rank() is None
 

@@ -85,7 +85,8 @@ class RanksVoteBetweenCalls:
         vote once between two calls (read by whoever asks first, ``done`` or the next call), not inside one: a step
         need not pull on every rank (a pipeline stage after the first only receives activations)."""
         with self.lock:
-            self.start_vote()
+            if self.ranks_vote:  # Why here too: with one rank, a call fewer on every peek
+                self.start_vote()
             if self.unread_vote is None:
                 return self.peek()
             self.last_vote, self.unread_vote = self.unread_vote(), None
