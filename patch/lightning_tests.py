@@ -450,6 +450,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def rerun_report(args: argparse.Namespace, interpreters: dict[str, str]) -> int:
     """``--rerun-differences``: the report at ``--out``, its differences run again and classified again."""
+    if not args.out.is_file():
+        raise SystemExit(
+            f"--rerun-differences runs again the differences of the report at --out, and there is none at {args.out}:"
+            " run without --rerun-differences first (a run reruns its differences itself), or name that report."
+        )
     report = json.loads(args.out.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory(prefix="lightning-tests-") as scratch:
         prepare_tree(args.checkout, Path(scratch), bool(report.get("stack_tests")))

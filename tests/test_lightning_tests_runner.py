@@ -19,6 +19,7 @@ from patch.lightning_tests import (
     diff_outcomes,
     is_stack_test,
     judge_stack_tests,
+    main,
     missing_requirements,
     parse_junit,
     passed_on_both,
@@ -279,3 +280,10 @@ def test_the_differing_parametrisations_of_a_test_run_again_together_each_outcom
     assert rows[0]["reruns"] == {"stock": ["passed", "passed"]}
     assert rows[1]["reruns"] == {"stock": ["failed", "failed"]}
     assert "reruns" not in rows[2]
+
+
+def test_rerunning_the_differences_of_a_report_that_does_not_exist_names_the_fix(tmp_path: Path):
+    missing = tmp_path / "lightning-tests.json"
+    with pytest.raises(SystemExit, match="run without --rerun-differences first"):
+        main(["--checkout", str(tmp_path), "--rerun-differences", "--out", str(missing)])
+    assert not missing.exists()
