@@ -54,7 +54,7 @@ The loaders' state, read after each batch: what a checkpoint records for the bat
 The producer: loads a loop's batches one at a time, as the step asks for them, and transfers them. It knows no loop
 and no step call.
 """),
-    "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls"}, """
+    "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}, """
 The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
 running call, batches taken between calls, drain calls.
 """),
@@ -84,7 +84,8 @@ FLATTENED = {"common": {
         },
     ),
 }, "step_calls": {
-    # its mixins (the held batches, the ranks' vote) written into it; its base, the record every loop keeps, stays
+    # its mixins (the held batches, the ranks' vote and when it is due) written into it; its base, the record every
+    # loop keeps, stays
     "EpochStepCalls": class_source(prototypes.prefetcher.step_calls.EpochStepCalls, name="EpochStepCalls",
                                    bases="StepCalls", within="prototypes.prefetcher."),
 }}

@@ -152,6 +152,15 @@ class RanksVoteBetweenCalls:
             return self.last_vote.drains(self.drain_rule)
         return makes_drain_calls(self.drain_rule, self.pulled_ahead())
 
+
+class VoteSchedule:
+    """When the ranks vote between two step calls (``RanksVoteBetweenCalls``); part of ``EpochStepCalls``."""
+
+    call: StepCall
+    ranks_vote: bool
+    voted_before_call: int | None
+    unread_vote: Callable[[], RanksVote] | None
+
     def vote_pending(self) -> bool:
         """Whether the end of data is the ranks' vote now: one started and unread, or one due."""
         return self.ranks_vote and (self.unread_vote is not None or self.vote_due())
@@ -162,7 +171,7 @@ class RanksVoteBetweenCalls:
         return not (self.call.open or self.call.drain) and self.voted_before_call != self.call.index
 
 
-class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, StepCalls):
+class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, VoteSchedule, StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
 
     ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
