@@ -337,8 +337,8 @@ class BatchesTakenPerCall:
         self.total += taken
         if self.calls == 1:
             self.first = taken
-        elif whole:
-            self.steady = taken if self.steady is None else min(self.steady, taken)
+        elif whole and (self.steady is None or taken < self.steady):
+            self.steady = taken
 
     def pulled_ahead(self) -> bool:
         """Whether the step pulled batches ahead of the calls that train them: the loop makes drain calls only then.
@@ -387,7 +387,9 @@ class StepCalls:
     def _note_taken(self) -> None:
         call = self.call
         if call is not self._noted and not call.drain:
-            self.taken.note(call.consumed, whole=not (call.cut_short or call.declined))
+            # Why spelled out: once per step call, and a call declines only where `has_batches` answered False
+            declined = call.fewer_left is not None and call.declined
+            self.taken.note(len(call.batch_indices), whole=not (call.cut_short or declined))
             self._noted = call
 
     def new_dataloader(self) -> None:
@@ -497,6 +499,7 @@ class BatchTransfer:
         self._before = hook("on_before_batch_transfer")
         self._to_device, self._after = hook("transfer_batch_to_device"), hook("on_after_batch_transfer")
         self._device = strategy.root_device
+        self._batch_to_device_profiled = not isinstance(profiler, PassThroughProfiler)
         self._batch_to_device = profiled(
             profiler, f"[Strategy]{type(strategy).__name__}.batch_to_device", self._batch_to_device_and_after
         )
@@ -505,7 +508,10 @@ class BatchTransfer:
         batch = self._before(self._convert_input(batch), dataloader_idx)
         if pin is not None:
             batch = pin(batch)
-        return self._batch_to_device(batch, dataloader_idx)
+        if self._batch_to_device_profiled:
+            return self._batch_to_device(batch, dataloader_idx)
+        # Why not `_batch_to_device_and_after`: unprofiled, the same two calls without a method's frame per batch
+        return self._after(self._to_device(batch, self._device, dataloader_idx), dataloader_idx)
 
     def _batch_to_device_and_after(self, batch: Any, dataloader_idx: int) -> Any:
         return self._after(self._to_device(batch, self._device, dataloader_idx), dataloader_idx)

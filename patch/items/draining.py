@@ -57,10 +57,11 @@ def _drain(source: LightningSource) -> None:
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop.advance",
         """
-        if self.trainer.fit_loop.prefetching_fetcher is not None:
-            # batches a pipelining step still holds belong to this epoch's training: drained before the epoch-end
-            # validation of `on_advance_end`
-            self._drain_if_the_data_ended(self.trainer.fit_loop.prefetching_fetcher.calls.call.cut_short)
+        fetcher = self.trainer.fit_loop.prefetching_fetcher
+        # batches a pipelining step still holds belong to this epoch's training: drained before the epoch-end
+        # validation of `on_advance_end`; on one rank there is nothing to do before the data's end
+        if fetcher is not None and (self.batch_progress.is_last_batch or self._ranks_vote_every_step()):
+            self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
         """,
         at_end=True,
     )

@@ -135,9 +135,8 @@ class _LookAheadLifecycle:
         resumed_call = self._calls.call if self.batch_progress.current.ready else None
         self.automatic_optimization.start_epoch()
         # Why one reader per epoch: whether a loader is stateful is a Protocol check, too costly per batch
-        read_loader_states = loader_state_reader(self.trainer.fit_loop._combined_loader)
-        stateful = read_loader_states() is not None  # a loader records its position: checkpoints carry consumed state
-        snapshot = read_loader_states if stateful else None
+        snapshot = loader_state_reader(self.trainer.fit_loop._combined_loader)
+        stateful = snapshot is not None  # a loader records its position: checkpoints carry consumed state
         batches = LookAhead(partial(self._fetch, data_fetcher, stateful), BatchTransfer(self.trainer), snapshot)
         self._calls = LookAheadStepCalls(batches, resumed_call)
         # an unsized loader that is empty this epoch (on any rank) ends it before any step call

@@ -13,15 +13,15 @@ from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop
 
 
 # ----------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
-def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], list[dict] | None]:
+def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], list[dict]] | None:
     """A function returning the loaders' state at the moment it is called, or None when no loader can be resumed
-    (only stateful loaders are checkpointed).
+    (only stateful loaders are checkpointed: a loop then records no state, and calls nothing for it per batch).
 
     Why decided once: whether a loader is stateful is a runtime ``Protocol`` check (``typing._get_protocol_attrs``,
     tens of microseconds), too costly to repeat for every batch, and the loaders do not change within an epoch.
     """
     if combined_loader is None or not any(isinstance(dl, _Stateful) for dl in combined_loader.flattened):
-        return lambda: None
+        return None
     return combined_loader._state_dicts
 
 

@@ -27,8 +27,7 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
     accumulation window), and a call cut short by StopIteration must not reach ``optimizer.step`` at all. Here
     Lightning's closure (step, zero_grad, backward) runs first; then the optimizer steps with the loss already
     computed, or the window stays open. The step call's index in the epoch stands in for ``batch_idx``: windows and
-    the optimizer hooks count step calls (C9). A drain call (C17) is a window of its own, and one that computed no
-    loss reaches no optimizer hook. ``run`` stays Lightning's, for the regular flavour.
+    the optimizer hooks count step calls (C9); a drain call (C17) is a window of its own. ``run`` stays Lightning's.
 
     Under DDP a call inside a window skips the gradient all-reduce, as Lightning's does (``blocks_gradient_sync``);
     a window closed by a call that skipped it is synchronised once when it closes (``close_window``).
@@ -46,12 +45,12 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
 
     def run_step_call(
         self, kwargs: Any, optimizer: torch.optim.Optimizer, call: StepCall, data_ended: Callable[[], bool],
-        backward_ended: Callable[[], None] = lambda: None,
+        backward_ended: Callable[[], None] | None = None,
     ) -> dict:
         """One step call, ``call`` its record; ``data_ended()`` says whether it took the epoch's last batch;
-        ``backward_ended()`` starts what it reads (the ranks' vote), to travel while the optimizer steps. Not as the
-        step returns: a paired drain call's vote follows its backward, and collectives keep one order on every rank.
-        A drain or declining call (``StepCall.declined``) that computed no loss reaches no optimizer hook.
+        ``backward_ended()``, where given, starts what it reads (the ranks' vote) to travel while the optimizer steps,
+        not as the step returns: a paired drain call's vote follows its backward, and collectives keep one order on
+        every rank. A drain or declining call (``StepCall.declined``) that computed no loss reaches no optimizer hook.
 
         A StopIteration from the step propagates (no backward ran): the loop tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
@@ -63,22 +62,23 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
             step_fn=self._make_step_fn(kwargs), backward_fn=self._make_backward_fn(optimizer),
             zero_grad_fn=(zero_grad or self._make_zero_grad_fn)(step_call_idx, optimizer),
         )
-        blocked = blocks_gradient_sync(trainer, call)
+        # Why accumulate_grad_batches first: without accumulation no call skips the sync and every call closes its
+        # window, and asking the strategy and the loop is a chain of calls on every batch
+        every_call_closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
+        blocked = not every_call_closes and blocks_gradient_sync(trainer, call)
         if blocked:
             with _block_parallel_sync_behavior(trainer.strategy):
                 closure()
         else:  # Why not the context manager with block=False: it does nothing, in a generator's frames on every batch
             closure()
         result = closure.consume_result()
-        backward_ended()
+        if backward_ended is not None:
+            backward_ended()
         if result.loss is None and (call.drain or call.declined):
             return {}  # it only saw the end: no optimizer hook, as for a call Lightning never makes
         if result.loss is not None:  # a backward ran: DDP synchronised what the window holds, or it did not
             self._window_unsynced = blocked
         self._window_open, self._window_loss = True, result.loss
-        # Why accumulate_grad_batches first: without accumulation every call closes its window, and asking the
-        # strategy and the loop is a chain of calls on every batch
-        every_call_closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
         if every_call_closes:
             self.close_window(step_call_idx)
         # Why after close_window where every call closes its window: the ranks' vote travels during the optimizer step

@@ -103,7 +103,7 @@ class _StepCallHandOut:
         declined the batches left (``StepCall.declined``) ends the data. Idempotent: under DDP ``backward_ended``
         closes the call first, and ``data_ended_after_call`` closes it again."""
         call = self.calls.call
-        if call.open and call.declined:
+        if call.open and call.fewer_left is not None and call.declined:  # only where `has_batches` answered False
             warn_declined(self.hook_name, self.calls.drop_rest())
         call.open = False
 
@@ -119,7 +119,8 @@ class _StepCallHandOut:
         """Whether the returned step call took the data's last batch. Why after closing the call: between two calls
         ``done`` is the ranks' vote (C16)."""
         self.end_step_call()
-        return self.done
+        # `done` without its fast path, which never holds here: the step has just taken the peeked batch
+        return self.calls.peek_on_every_rank() is None
 
     def done_for(self, dataloader_idx: int, vote: bool = True) -> bool:
         """No batch of ``dataloader_idx`` is left: an iterator never spans two dataloaders (C15). ``vote``: the ranks

@@ -53,10 +53,12 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
         self, fetcher: _PrefetchingIterFetcher, optimizer: torch.optim.Optimizer, kwargs: Any
     ) -> Any:
         """A step call fed by the prefetching fetcher: the step-first optimisation, with the call's end of data."""
-        step_call_idx = fetcher.calls.call.index - 1
+        calls = fetcher.calls
+        step_call_idx = calls.call.index - 1
         try:
-            return self.run_step_call(
-                kwargs, optimizer, fetcher.calls.call, fetcher.data_ended_after_call, fetcher.backward_ended
+            output = self.run_step_call(
+                kwargs, optimizer, calls.call, fetcher.data_ended_after_call,
+                fetcher.backward_ended if calls.ranks_vote else None,  # one rank: nothing to start as backward ends
             )
         except StopIteration:
             fetcher.step_stopped()
@@ -68,7 +70,9 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
             discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
             return {}
         finally:
-            fetcher.end_step_call()
+            if fetcher.calls.call.open:  # Why ask: mostly the call read the data's end, which closed it
+                fetcher.end_step_call()
+        return output
 
 
 class _StepCallManualOptimization(ManualOptimizationSeesStopIteration):
@@ -120,7 +124,8 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)
         fetcher = self.trainer.fit_loop.prefetching_fetcher
-        if fetcher is not None:
+        # Why ask first: on one rank there is nothing to do before the data's end, and this runs after every call
+        if fetcher is not None and (self.batch_progress.is_last_batch or self._ranks_vote_every_step()):
             self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
 
     def _vote_after_drain_call(self) -> Callable[[bool], RanksVote]:

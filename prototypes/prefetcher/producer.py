@@ -51,7 +51,7 @@ class BatchProducer:
 
     def loader_states(self) -> list[dict] | None:
         """The loaders' state now (None when no loader can be resumed)."""
-        return self._read_loader_states()
+        return None if self._read_loader_states is None else self._read_loader_states()
 
     def __call__(self) -> Produced:
         if self._produced is None:  # the first call: after a resume the loader continues at the restored batch
@@ -65,13 +65,13 @@ class BatchProducer:
             # that makes a resumed run start the next epoch rather than an empty rest of this one.
             batch, loader_batch_idx, dataloader_idx = next(self.iterator)
         except StopIteration:
-            raise LoaderExhausted(self._read_loader_states()) from None
+            raise LoaderExhausted(self.loader_states()) from None
         self._produced += 1
         # Why add: the combined loader counts from 0 again after a resume (and for each evaluation dataloader)
         batch_idx = self._resumed_at + loader_batch_idx
         if self.length is not None and self._produced > self.length:
             raise LoaderExhausted(None)  # a loader yielding more than its length says: Lightning stops at its length
-        states = self._read_loader_states()
+        states = None if self._read_loader_states is None else self._read_loader_states()
         if self._transfer_path is not None:
             batch = self._transfer_path(batch, dataloader_idx)
         return Produced(batch, batch_idx, dataloader_idx, states)

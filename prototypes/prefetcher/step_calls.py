@@ -88,7 +88,9 @@ class RanksVoteBetweenCalls:
             if self.ranks_vote:  # Why here too: with one rank, a call fewer on every peek
                 self.start_vote()
             if self.unread_vote is None:
-                return self.peek()
+                if self.head is None and not self.exhausted:  # Why not `peek()`: a call fewer on every batch
+                    self.head = self.take()
+                return self.head
             self.last_vote, self.unread_vote = self.unread_vote(), None
             head = self.peek()
             return head if self.last_vote.every_rank_has_a_batch else self.every_rank_ended()
