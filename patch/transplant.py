@@ -33,6 +33,15 @@ def definition_source(
     return for_lightning(source)
 
 
+def assignment_source(module: ModuleType, name: str) -> str:
+    """The top-level assignment of ``name`` in ``module`` (a constant), as written there."""
+    source = inspect.getsource(module)
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and name in _defined_names(node):
+            return for_lightning("".join(source.splitlines(keepends=True)[node.lineno - 1:node.end_lineno]))
+    raise LookupError(f"{module.__name__} assigns no top-level {name}")
+
+
 def module_source(
     module: ModuleType,
     *,

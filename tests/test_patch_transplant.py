@@ -1,14 +1,22 @@
-"""``patch.transplant.class_source``: a class and the bases it mixes in, written as one class for Lightning."""
+"""``patch.transplant``: a class and the bases it mixes in, written as one class for Lightning; a module's constant
+as its module writes it."""
 
 from __future__ import annotations
 
 import ast
 import io
+import sys
 
 import pytest
 from typing_extensions import override
 
-from patch.transplant import class_source
+from patch.transplant import assignment_source, class_source
+
+# the constant the assignment test reads
+MESSAGE = (
+    "one line, "
+    "and the next"
+)
 
 
 class _Base:
@@ -83,3 +91,11 @@ def test_substitutions_apply_and_one_that_finds_nothing_is_refused():
     assert "self.done = True" in _flattened(substitutions={"self.closed = False": "self.done = True"})
     with pytest.raises(ValueError, match="is not in the flattened _Flattened"):
         _flattened(substitutions={"absent text": "x"})
+
+
+def test_a_constant_is_written_as_its_module_writes_it_and_a_missing_one_is_refused():
+    written = assignment_source(sys.modules[__name__], "MESSAGE")
+    assert written == 'MESSAGE = (\n    "one line, "\n    "and the next"\n)\n'
+    assert ast.literal_eval(ast.parse(written).body[0].value) == MESSAGE
+    with pytest.raises(LookupError, match="assigns no top-level ABSENT"):
+        assignment_source(sys.modules[__name__], "ABSENT")

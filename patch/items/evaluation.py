@@ -7,8 +7,8 @@ import prototypes.prefetcher.loops
 from patch.edits import LightningSource, ModuleSource, assigns
 from patch.items import Item, UpdatedTest
 from patch.items.draining import STEP_METHODS_TEST, count_drain_calls
-from patch.items.look_ahead import IMPORTS, LIGHTNING_PACKAGE, NAMES, PACKAGE
-from patch.transplant import definition_source, methods_source, module_source
+from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.transplant import definition_source, methods_source, renamed
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
 from prototypes.prefetcher.loops import _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
 
@@ -45,17 +45,13 @@ def _run_drain_call(self) -> tuple[bool, Any]:
 
 
 def _one_iterator_per_dataloader(source: LightningSource) -> None:
-    # the evaluation step call, as the prototype runs it: the StopIteration at its dataloader's end ends the call
-    source.add_module(
-        f"{PACKAGE}.evaluation_step",
-        module_source(
-            prototypes.prefetcher.loops, imports=IMPORTS, keep={_STEP_CALL},
-            names={"_PrefetchingEvaluationSteps": "Any", **NAMES},
-            # the changed loops call it only with the fetcher's iterator
-            replacements={_STEP_CALL: definition_source(prototypes.prefetcher.loops._step_call, name=_STEP_CALL,
-                                                        substitutions={_NOT_THE_FETCHERS: ""})},
-            docstring="An evaluation or prediction step call: the StopIteration at its dataloader's end ends it.",
-        ),
+    # the evaluation step call, as the prototype runs it (the StopIteration at its dataloader's end ends the call),
+    # among Lightning's helpers of the loops: both evaluation loops call it; the changed loops call it only with the
+    # fetcher's iterator
+    source.module("loops.utilities").insert(
+        renamed(definition_source(prototypes.prefetcher.loops._step_call, name=_STEP_CALL,
+                                  substitutions={_NOT_THE_FETCHERS: ""}), {"_PrefetchingEvaluationSteps": "Any"}),
+        after="_select_data_fetcher",
     )
     for module, loop, hook, step, output, drain in (
         ("loops.evaluation_loop", "_EvaluationLoop", "_evaluation_step", "hook_name", "output",
@@ -73,7 +69,7 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
             )
             """,
         )
-        lightning.add_import(f"from {LIGHTNING_PACKAGE}.evaluation_step import {_STEP_CALL}")
+        lightning.add_import(f"from pytorch_lightning.loops.utilities import {_STEP_CALL}")
         lightning.add_import("import functools")
         strategy_step = f"call._call_strategy_hook(trainer, {step}, *step_args)"
         lightning.replace_statement(

@@ -23,7 +23,7 @@ import prototypes.prefetcher.producer
 import prototypes.prefetcher.step_calls
 from patch.edits import LightningSource, ModuleSource, asserts, asserts_exactly, assigns, calls
 from patch.items import Item, UpdatedTest
-from patch.transplant import class_source, definition_source, module_source, renamed
+from patch.transplant import assignment_source, class_source, definition_source, module_source, renamed
 
 PACKAGE = "loops._dataloader_iter"
 LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
@@ -31,9 +31,10 @@ IMPORTS = {
     "prototypes.common": f"{LIGHTNING_PACKAGE}.common",
     "prototypes.prefetcher": LIGHTNING_PACKAGE,
     "prototypes.prefetcher.fetcher": "pytorch_lightning.loops.fetchers",
-    "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.loader_state",
+    # written into the one module of the package that uses each (``WRITTEN_INTO_ITS_USER``), which drops the import
+    "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.producer",
+    "prototypes.batches_per_call:CALL_CUT_SHORT": f"{LIGHTNING_PACKAGE}.optimization",
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
-    "prototypes.batches_per_call": f"{LIGHTNING_PACKAGE}.batches_per_call",
     # public: a user filters it (or makes it an error) by its category
     "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
 }
@@ -47,12 +48,9 @@ MODULES = {
 The iterator a step call receives and the record of a loop's step calls, the batch transfer, the ranks' end-of-data
 vote and the misuse checks with their messages.
 """),
-    "loader_state": (prototypes.lightning_changes.fit_loop, {"loader_state_reader"}, (), """
-The loaders' state, read after each batch: what a checkpoint records for the batches the step consumed.
-"""),
     "producer": (prototypes.prefetcher.producer, None, (), """
-The producer: loads a loop's batches one at a time, as the step asks for them, and transfers them. It knows no loop
-and no step call.
+The producer: loads a loop's batches one at a time, as the step asks for them, transfers them and reads the loaders'
+state after each (what a checkpoint records). It knows no loop and no step call.
 """),
     "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}, """
 The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
@@ -61,10 +59,6 @@ running call, batches taken between calls, drain calls.
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
 """),
-    # the schedule-sizing helper stays the harness's: item 13's docstring gives its count, which needs no API
-    "batches_per_call": (prototypes.batches_per_call, None, {"CutShortCallWarning", "estimated_optimizer_steps"}, """
-A step taking several batches per call: the message of the warning for a call the data cut short.
-"""),
     "optimization": (prototypes.lightning_changes.optimization,
                      {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, (), """
 What the optimisation loops do for a step taking ``dataloader_iter``: a training step call cut short by the end of
@@ -72,6 +66,16 @@ the data (no optimizer step for its batches, its gradients discarded under manua
 per fit), and under DDP which calls skip the gradient all-reduce and how a window the data closed unforeseen is
 synchronised once.
 """),
+}
+# What one module of the package alone uses is written into it, not into a module of its own: module -> (the name,
+# its definition, the definition it goes before, the import it needs there or None)
+WRITTEN_INTO_ITS_USER = {
+    "producer": ("loader_state_reader",
+                 definition_source(prototypes.lightning_changes.fit_loop.loader_state_reader,
+                                   name="loader_state_reader"),
+                 "BatchProducer", "from lightning_fabric.utilities.types import _Stateful"),
+    "optimization": ("CALL_CUT_SHORT", assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"),
+                     "discard_cut_short_call", None),
 }
 # The prototype's classes written as one class each where Lightning's reader meets them (``class_source``).
 FLATTENED = {"common": {
@@ -168,6 +172,12 @@ def _look_ahead(source: LightningSource) -> None:
         text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring,
                              replacements=FLATTENED.get(name, {}))
         source.add_module(f"{PACKAGE}.{name}", text)
+    for name, (defined, definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
+        module = source.module(f"{PACKAGE}.{name}")
+        module.remove_imported_name(defined)
+        module.insert(definition, before=before)
+        if needs is not None:
+            module.add_import(needs)
     fetchers = source.module("loops.fetchers")
     fetchers.replace("_DataLoaderIterDataFetcher", renamed(FETCHER, NAMES))
     fetchers.replace("_DataFetcherWrapper", renamed(STEP_ITERATOR, NAMES))
