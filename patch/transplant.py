@@ -96,6 +96,16 @@ def module_source(
     return for_lightning(renamed(source, names)).rstrip("\n") + "\n"
 
 
+def imports_and_body(source: str) -> tuple[list[str], str]:
+    """A module's imports, one statement each on one line (``from __future__`` left out), and what follows the last
+    of them: its definitions, for a module written into another (its docstring left behind)."""
+    tree = ast.parse(source)
+    imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    written = [ast.unparse(node) for node in imports if not (isinstance(node, ast.ImportFrom)
+                                                            and node.module == "__future__")]
+    return written, "".join(source.splitlines(keepends=True)[imports[-1].end_lineno:]).strip("\n") + "\n"
+
+
 def renamed(source: str, names: Mapping[str, str]) -> str:
     """``source`` with each identifier of ``names`` spelled as it maps it (a prototype's name -> Lightning's)."""
     for old, new in names.items():

@@ -10,7 +10,7 @@ import sys
 import pytest
 from typing_extensions import override
 
-from patch.transplant import assignment_source, class_source
+from patch.transplant import assignment_source, class_source, imports_and_body
 
 # the constant the assignment test reads
 MESSAGE = (
@@ -99,3 +99,13 @@ def test_a_constant_is_written_as_its_module_writes_it_and_a_missing_one_is_refu
     assert ast.literal_eval(ast.parse(written).body[0].value) == MESSAGE
     with pytest.raises(LookupError, match="assigns no top-level ABSENT"):
         assignment_source(sys.modules[__name__], "ABSENT")
+
+
+def test_a_module_written_into_another_gives_its_imports_on_one_line_each_and_what_follows_them():
+    module = (
+        '"""Its docstring."""\n\nfrom __future__ import annotations\n\nimport os\nfrom typing import (\n'
+        "    Any,\n    NamedTuple,\n)\n\n\n# why it exists\nclass Pair(NamedTuple):\n    first: Any\n"
+    )
+    imports, body = imports_and_body(module)
+    assert imports == ["import os", "from typing import Any, NamedTuple"]
+    assert body == "# why it exists\nclass Pair(NamedTuple):\n    first: Any\n"

@@ -1,8 +1,9 @@
 """[RFC 2] Look one batch ahead: the step's iterator, one per loop over a dataloader, from a fetcher that hands out
 the batches the step consumes.
 
-The fetcher and what it is built from are the recommended design's own modules, carried into a private package of
-Lightning's loops (``loops/_dataloader_iter/``) by ``patch.transplant``; the loops choose it where they chose
+The fetcher and what it alone is built from (the producer, the record of a loop's step calls) are the recommended
+design's own modules, written into ``loops/fetchers.py`` by ``patch.transplant``, and what the loops share with it
+into a private package of Lightning's loops (``loops/_dataloader_iter/``); the loops choose the fetcher where they chose
 Lightning's ``_DataLoaderIterDataFetcher``. The fetcher and the step's iterator are written as one class each
 (``FLATTENED``): the prototype cuts them into mixins to keep each class on a screen, Lightning's reader meets one.
 The design's opt-in prefetch thread (``prototypes.prefetcher.threaded``) is not carried, nor the batch transfer's
@@ -23,7 +24,14 @@ import prototypes.prefetcher.producer
 import prototypes.prefetcher.step_calls
 from patch.edits import LightningSource, ModuleSource, asserts, asserts_exactly, assigns, calls
 from patch.items import Item, UpdatedTest
-from patch.transplant import assignment_source, class_source, definition_source, module_source, renamed
+from patch.transplant import (
+    assignment_source,
+    class_source,
+    definition_source,
+    imports_and_body,
+    module_source,
+    renamed,
+)
 
 PACKAGE = "loops._dataloader_iter"
 LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
@@ -31,30 +39,28 @@ IMPORTS = {
     "prototypes.common": f"{LIGHTNING_PACKAGE}.common",
     "prototypes.prefetcher": LIGHTNING_PACKAGE,
     "prototypes.prefetcher.fetcher": "pytorch_lightning.loops.fetchers",
-    # written into the one module of the package that uses each (``WRITTEN_INTO_ITS_USER``), which drops the import
-    "prototypes.lightning_changes:loader_state_reader": f"{LIGHTNING_PACKAGE}.producer",
+    # what the fetcher alone is built from is written into its module (``FETCHER_PARTS``)
+    "prototypes.prefetcher.producer": "pytorch_lightning.loops.fetchers",
+    "prototypes.prefetcher.step_calls": "pytorch_lightning.loops.fetchers",
+    # written into the one module that uses each (``WRITTEN_INTO_ITS_USER``), which drops the import
+    "prototypes.lightning_changes:loader_state_reader": "pytorch_lightning.loops.fetchers",
     "prototypes.batches_per_call:CALL_CUT_SHORT": f"{LIGHTNING_PACKAGE}.optimization",
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
     # public: a user filters it (or makes it an error) by its category
     "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
 }
-# the progress classes count consumed batches themselves once item 1 is in
+# the progress classes count consumed batches themselves once item 1 is in; what the fetcher is built from is private
+# in its module, as Lightning names the fetchers there
 NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter",
-         "_PrefetchingIterFetcher": "_DataLoaderIterDataFetcher"}
+         "_PrefetchingIterFetcher": "_DataLoaderIterDataFetcher", "Produced": "_Produced",
+         "LoaderExhausted": "_LoaderExhausted", "BatchProducer": "_BatchProducer", "EpochStepCalls": "_EpochStepCalls",
+         "loader_state_reader": "_loader_state_reader"}
 # module in the package -> (prototype module, the definitions it takes: None for all, those it leaves, its docstring)
 MODULES = {
     "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
                                          "StepIterator"}, """
 The iterator a step call receives and the record of a loop's step calls, the batch transfer, the ranks' end-of-data
 vote and the misuse checks with their messages.
-"""),
-    "producer": (prototypes.prefetcher.producer, None, (), """
-The producer: loads a loop's batches one at a time, as the step asks for them, transfers them and reads the loaders'
-state after each (what a checkpoint records). It knows no loop and no step call.
-"""),
-    "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}, """
-The record of one loop over the data's step calls, on the loop's thread: the peeked next batch, the ranks' vote, the
-running call, batches taken between calls, drain calls.
 """),
     "draining": (prototypes.lightning_changes.draining, None, (), """
 Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
@@ -67,14 +73,21 @@ per fit), and under DDP which calls skip the gradient all-reduce and how a windo
 synchronised once.
 """),
 }
-# What one module of the package alone uses is written into it, not into a module of its own: module -> (the name,
-# its definition, the definition it goes before, the import it needs there or None)
+# What the fetcher alone is built from, written into `loops/fetchers.py` before it, in this order: the producer that
+# loads and transfers the batches (and reads the loaders' state after each), and the record of a loop's step calls
+# (the peeked next batch, the ranks' vote, the running call, batches taken between calls, drain calls). As ``MODULES``.
+FETCHER_PARTS = {
+    "producer": (prototypes.prefetcher.producer, None, ()),
+    "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}),
+}
+# What one module alone uses is written into it, not into a module of its own: module -> (the name, its definition,
+# the definition it goes before, the import it needs there or None)
 WRITTEN_INTO_ITS_USER = {
-    "producer": ("loader_state_reader",
-                 definition_source(prototypes.lightning_changes.fit_loop.loader_state_reader,
-                                   name="loader_state_reader"),
-                 "BatchProducer", "from lightning_fabric.utilities.types import _Stateful"),
-    "optimization": ("CALL_CUT_SHORT", assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"),
+    "loops.fetchers": ("_loader_state_reader",
+                       definition_source(prototypes.lightning_changes.fit_loop.loader_state_reader,
+                                         name="_loader_state_reader"),
+                       "_BatchProducer", "from lightning_fabric.utilities.types import _Stateful"),
+    f"{PACKAGE}.optimization": ("CALL_CUT_SHORT", assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"),
                      "discard_cut_short_call", None),
 }
 # The prototype's classes written as one class each where Lightning's reader meets them (``class_source``).
@@ -128,14 +141,12 @@ FETCHER_IMPORTS = (
     "import pytorch_lightning as pl",
     f"from {LIGHTNING_PACKAGE}.common import ITERATOR_USED_AFTER_ITS_LOOP, PULLED_AHEAD,"
     " STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepItem, end_of_data_vote_needed, warn_declined",
-    f"from {LIGHTNING_PACKAGE}.producer import BatchProducer, LoaderExhausted, Produced",
-    f"from {LIGHTNING_PACKAGE}.step_calls import EpochStepCalls",
     "from pytorch_lightning.loops.progress import _Progress",
 )
 PACKAGE_DOCSTRING = (
-    '"""What the loops use when a step takes ``dataloader_iter``: the fetcher that hands out the batches the step\n'
-    "consumes (``loops/fetchers.py``) is built from: the producer on the loading side, the record of the epoch's\n"
-    "step calls on the loop's side; the drain calls and the ranks' end-of-data vote.\"\"\"\n"
+    '"""What the loops share when a step takes ``dataloader_iter``: the record of a step call and the batch transfer\n'
+    "the fetcher (``loops/fetchers.py``) builds on, the ranks' end-of-data vote, the drain calls and the optimisation\n"
+    "loops' helpers.\"\"\"\n"
 )
 
 
@@ -172,17 +183,26 @@ def _look_ahead(source: LightningSource) -> None:
         text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring,
                              replacements=FLATTENED.get(name, {}))
         source.add_module(f"{PACKAGE}.{name}", text)
-    for name, (defined, definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
-        module = source.module(f"{PACKAGE}.{name}")
-        module.remove_imported_name(defined)
-        module.insert(definition, before=before)
-        if needs is not None:
-            module.add_import(needs)
     fetchers = source.module("loops.fetchers")
     fetchers.replace("_DataLoaderIterDataFetcher", renamed(FETCHER, NAMES))
     fetchers.replace("_DataFetcherWrapper", renamed(STEP_ITERATOR, NAMES))
     for line in FETCHER_IMPORTS:
         fetchers.add_import(line)
+    for name, (module, keep, drop) in FETCHER_PARTS.items():
+        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop,
+                             replacements=FLATTENED.get(name, {}))
+        imports, body = imports_and_body(text)
+        for line in imports:
+            if " pytorch_lightning.loops.fetchers " not in line:  # the parts of the module it goes into
+                fetchers.add_import(line)
+        fetchers.insert(body, before="_DataLoaderIterDataFetcher")
+    for dotted, (defined, definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
+        module = source.module(dotted)
+        if dotted != "loops.fetchers":  # the fetcher's parts left out its imports of itself (above)
+            module.remove_imported_name(defined)
+        module.insert(definition, before=before)
+        if needs is not None:
+            module.add_import(needs)
 
     utilities = source.module("loops.utilities")
     utilities.add_parameters(
@@ -371,9 +391,10 @@ which batches the step had consumed. It is rewritten in `loops/fetchers.py`, and
 hooks see the batch the step gets first; it counts the batches handed out, records each step call's batches, and
 hands every step call of a loop over a dataloader the same iterator, valid until that loop ends. A `next()` between
 two calls (a pipeline's own loading thread) counts toward the next call. It loads each batch on the step's thread, as
-the step asks for it (a prefetch thread is not part of this change). What it is built from, the producer that reads
-and transfers the batches and the record of the step calls, is in the new private package `loops/_dataloader_iter/`,
-where later commits add the drain calls and the ranks' vote. The fetcher is built for the Trainer whose loop chooses
+the step asks for it (a prefetch thread is not part of this change). What it alone is built from, the producer that
+reads and transfers the batches and the record of the step calls, is written before it in `loops/fetchers.py`; what
+the other loops share with it (the record of a step call, the batch transfer, the ranks' vote, later the drain calls)
+is in the new private package `loops/_dataloader_iter/`. The fetcher is built for the Trainer whose loop chooses
 it, so its unit tests in `loops/test_fetchers.py` build it for one; with `from __future__ import annotations`, which
 its annotations need on Python 3.9, Lightning's ruff rewrites the module's five older annotations. A training step
 call cut short by the end of the data warns with `CutShortCallWarning`, public in

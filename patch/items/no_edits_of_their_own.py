@@ -26,7 +26,7 @@ LIMITS = Item(
     "A limit bounds what is read, not only what is trained; the profiler keeps its action names",
     part="item 2's producer makes it",
     why="""
-No code of its own (its CHANGELOG entry only): the producer of item 2 (`loops/_dataloader_iter/producer.py`) stops
+No code of its own (its CHANGELOG entry only): the producer of item 2 (`_BatchProducer` in `loops/fetchers.py`) stops
 reading at the loader's length and the `limit_*_batches` limit, so the look-ahead never reads past them, and the
 loops keep their own classes, so the profiler's `[_TrainingEpochLoop].train_dataloader_next` names do not change.
 """,

@@ -42,7 +42,7 @@ step call costs one collective and one host read, as a batch of the regular flav
 vote after its last call, where each rank of the regular flavour knows its loader's end alone. Unlike a broadcast,
 whose root need not wait, an all-reduce waits for the slowest rank: the vote starts without waiting as the call's
 backward ends and is read after the optimizer step, so its latency overlaps the step. The vote lives in
-the fetcher's record of the step calls (`loops/_dataloader_iter/step_calls.py`).
+the fetcher's record of the step calls (`_EpochStepCalls` in `loops/fetchers.py`).
 """,
     _vote,
     changelog=(
