@@ -302,7 +302,10 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
         """Called by the epoch loop before each step: the batch hooks see the batch the step will get first. At the
         end of an evaluation dataloader, first the loop's drain calls (``drain_dataloader``)."""
         calls = self.calls
-        head = calls.peek_on_every_rank()
+        head = calls.head
+        # Why `done`'s fast path: the previous call's end of data peeked the head already, and mostly no vote is due
+        if head is None or (calls.ranks_vote and calls.vote_pending()):
+            head = calls.peek_on_every_rank()
         ended = self._step_iterator
         if ended is not None and head is not None and head.dataloader_idx == ended.dataloader_idx:
             ended = None
