@@ -59,8 +59,9 @@ def _drain(source: LightningSource) -> None:
         """
         fetcher = self.trainer.fit_loop.prefetching_fetcher
         # batches a pipelining step still holds belong to this epoch's training: drained before the epoch-end
-        # validation of `on_advance_end`; on one rank there is nothing to do before the data's end
-        if fetcher is not None and (self.batch_progress.is_last_batch or self._ranks_vote_every_step()):
+        # validation of `on_advance_end`; on one rank there is nothing to do before the data's end (the record's
+        # `ranks_vote` is `_ranks_vote_every_step()` without a call, off only once the ranks agreed the data ended)
+        if fetcher is not None and (self.batch_progress.is_last_batch or fetcher.calls.ranks_vote):
             self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
         """,
         at_end=True,

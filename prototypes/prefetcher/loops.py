@@ -124,8 +124,10 @@ class _PrefetchingEpochLoop(BatchCountingEpochLoop):
     def advance(self, data_fetcher: _DataFetcher) -> None:
         super().advance(data_fetcher)
         fetcher = self.trainer.fit_loop.prefetching_fetcher
-        # Why ask first: on one rank there is nothing to do before the data's end, and this runs after every call
-        if fetcher is not None and (self.batch_progress.is_last_batch or self._ranks_vote_every_step()):
+        # Why ask first: on one rank there is nothing to do before the data's end, and this runs after every call.
+        # Why the record's `ranks_vote`, not `_ranks_vote_every_step()`: the same answer without a call; it goes off
+        # only where the ranks agreed the data ended, which made this the last batch
+        if fetcher is not None and (self.batch_progress.is_last_batch or fetcher.calls.ranks_vote):
             self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
 
     def _vote_after_drain_call(self) -> Callable[[bool], RanksVote]:
