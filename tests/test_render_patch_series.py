@@ -90,6 +90,22 @@ def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
     assert "200 batches, timed from batch 20" in block and "series `sha256:abababababab`" in block
 
 
+def test_further_cost_runs_are_listed_with_their_builds_and_not_judged(tmp_path):
+    inputs = _cost(tmp_path, [dict(case="regular", flavour="regular", pairs=24, ratio=1.0, interval=[0.99, 1.01],
+                                   threshold=1.01, verdict="met")])
+    setup = json.loads((tmp_path / patch_series.COST_FILE).read_text())["setup"]
+    setup["stock"]["patch_series"] = "sha256:" + "cd" * 32
+    rows = [dict(case="regular", flavour="regular", pairs=12, ratio=1.017, interval=[1.003, 1.026], threshold=1.01,
+                 verdict="inconclusive"),
+            dict(case="stock-over-stock", flavour="dataloader_iter", pairs=12, ratio=1.0, interval=[0.99, 1.01])]
+    (tmp_path / "patch-cost-trims.json").write_text(json.dumps(dict(schema=1, setup=setup, rows=rows)))
+    block = patch_series.block_patch_cost(inputs, tmp_path)
+    further = block.split("Further runs")[1]
+    assert ("| `patch-cost-trims.json` | series `sha256:abababababab` over series `sha256:cdcdcdcdcdcd` | regular"
+            " | 12 | 1.017 [1.003, 1.026] |") in further
+    assert "inconclusive" not in further and further.count("| `patch-cost-trims.json`") == 1
+
+
 def test_the_cost_block_names_the_command_without_results(tmp_path):
     inputs = Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render")
     assert patch_series.COST_COMMAND in patch_series.block_patch_cost(inputs, tmp_path)

@@ -142,6 +142,9 @@ def master_lines(inputs: Inputs) -> list[str]:
 
 
 COST_FILE = "patch-cost.json"  # written by `python -m benchmarks.patch_cost`
+# Further runs of the same command (`--out rfc/results/patch-cost-<what>.json`): another build of the same series, or
+# one series against another (`--stock-python` of a patched build); listed below the judged run, not judged
+OTHER_COST_RUNS = "patch-cost-*.json"
 COST_COMMAND = "python -m benchmarks.patch_cost --patched-python .venv-patched/bin/python"
 _CASES = {
     "regular": "a regular `training_step(batch, batch_idx)`, patched over stock",
@@ -186,4 +189,31 @@ def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
         f"`{str(setup['patched']['patch_series'])[:19]}`); torch {setup['stock']['torch']}; commit "
         f"`{str(setup.get('git_commit', ''))[:12]}`{' (dirty)' if setup.get('git_dirty') else ''}; run "
         f"{setup.get('generated_at', '')}.",
+        *_other_cost_runs(inputs),
     ])
+
+
+def _build(side: dict) -> str:
+    series = side.get("patch_series")
+    return f"series `{series[:19]}`" if series else f"stock {side['pytorch_lightning']}"
+
+
+def _other_cost_runs(inputs: Inputs) -> list[str]:
+    """The further runs of the cost command (``OTHER_COST_RUNS``), each case with its interval: what separates two
+    runs, or two builds, beyond one run's interval."""
+    rows = []
+    for path in sorted(inputs.results_dir.glob(OTHER_COST_RUNS)):
+        setup = load_json(path)["setup"]
+        for row in load_json(path)["rows"]:
+            if row["case"] == "stock-over-stock":
+                continue
+            interval = row["interval"]
+            shown = f"{row['ratio']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+            rows.append(f"| `{path.name}` | {_build(setup['patched'])} over {_build(setup['stock'])} | "
+                        f"{cell(row['flavour'])} | {row['pairs']} | {shown} | "
+                        f"`{str(setup.get('git_commit', ''))[:12]}`, {setup.get('generated_at', '')} |")
+    if not rows:
+        return []
+    return ["", "Further runs of the same command, not judged (a second build of a series in an environment of its "
+            "own, or one series over another):", "", "| Run | builds | flavour | pairs | ratio [95 % interval] | "
+            "commit, run |", "| --- | --- | --- | ---: | --- | --- |", *rows]
