@@ -8,7 +8,13 @@ ratio, patched over stock, for the same S3 run (tiny model, L = 0, batch size 1)
 itself measures the method's own spread. Each flavour's median ratio carries its 95 % interval and a verdict against
 the patch's targets: a regular module at most 1.01 of stock, the flavour at most 1.02 of today's flavour.
 
-    python -m benchmarks.patch_cost --patched-python .venv-patched/bin/python [--stock-python PY]
+Why several builds of each environment (``--stock-python`` and ``--patched-python`` take several interpreters): two
+builds of the same code, installed in environments of their own, differ in a lockstep pair by about as much as the
+flavour's margin, so one pair of environments puts that difference into every pair of a run, beyond its interval.
+Given several, the pairs cycle over every combination of a stock and a patched build, each in both orders, and stock
+is paired with another build of stock: the interval then holds the builds' spread, and the control measures it.
+
+    python -m benchmarks.patch_cost --patched-python .venv-patched/bin/python [...] [--stock-python PY [...]]
         [--pairs 24] [--batches 200] [--skip 20] [--out rfc/results/patch-cost.json]
 """
 
@@ -160,12 +166,17 @@ def pair(first: str, second: str, flavour: str, batches: int, skip: int, receipt
     return periods[0], periods[1]
 
 
-def measure(stock: str, patched: str, pairs: int, batches: int, skip: int) -> dict[str, list[float]]:
-    """Ratios (second over first) per case; rounds alternate which run takes the first turn."""
-    cases = {flavour: (stock, patched, flavour) for flavour in FLAVOURS}
-    cases[SAME_ENVIRONMENT] = (stock, stock, "dataloader_iter")
-    ratios: dict[str, list[float]] = {case: [] for case in cases}
+def measure(stocks: list[str], patcheds: list[str], pairs: int, batches: int, skip: int) -> dict[str, list[float]]:
+    """Ratios (second over first) per case. Pairs cycle over every (stock, patched) combination of builds, each twice
+    in a row with the first turn swapped; stock's control pairs each stock build with the next one (with itself
+    where there is one)."""
+    combinations = [(stock, patched) for patched in patcheds for stock in stocks]
+    ratios: dict[str, list[float]] = {case: [] for case in (*FLAVOURS, SAME_ENVIRONMENT)}
     for r in range(pairs):
+        stock, patched = combinations[(r // 2) % len(combinations)]
+        other_stock = stocks[(stocks.index(stock) + 1) % len(stocks)]
+        cases = {flavour: (stock, patched, flavour) for flavour in FLAVOURS}
+        cases[SAME_ENVIRONMENT] = (stock, other_stock, "dataloader_iter")
         for case, (reference, measured, flavour) in cases.items():
             if r % 2 == 0:
                 reference_s, measured_s = pair(reference, measured, flavour, batches, skip)
@@ -190,10 +201,23 @@ def _versions(python: str) -> dict[str, Any]:
     return json.loads(subprocess.run([python, "-c", _VERSIONS], check=True, capture_output=True, text=True).stdout)
 
 
-def results(ratios: dict[str, list[float]], stock: dict[str, Any], patched: dict[str, Any], batches: int, skip: int
-            ) -> dict[str, Any]:
+def _environment(parser: argparse.ArgumentParser, pythons: list[str], patched: bool) -> dict[str, Any]:
+    """What the builds of one environment run, the same for each (``_versions``); a build that runs something else
+    (stock where the patch is expected, another series, other versions) is refused, naming it."""
+    found = [_versions(python) for python in pythons]
+    if patched and found[0]["patch_series"] is None:
+        parser.error(f"{pythons[0]} runs stock pytorch_lightning: pass the patched environment's python")
+    for python, versions in zip(pythons[1:], found[1:], strict=True):
+        if versions != found[0]:
+            parser.error(f"{python} runs {versions}, {pythons[0]} runs {found[0]}: the builds of an environment must"
+                         " run the same (rebuild it with `python -m patch.environment --venv PATH`)")
+    return found[0]
+
+
+def results(ratios: dict[str, list[float]], stock: dict[str, Any], patched: dict[str, Any], batches: int, skip: int,
+            builds: dict[str, int] | None = None) -> dict[str, Any]:
     """The results file: each case's median ratio, interval and verdict; ``stock`` and ``patched`` are what each
-    interpreter runs (``_versions``)."""
+    environment's interpreters run (``_versions``), ``builds`` how many builds of each the pairs cycled over."""
     from harness_common import conformance_setup
 
     rows = []
@@ -206,14 +230,15 @@ def results(ratios: dict[str, list[float]], stock: dict[str, Any], patched: dict
                                                                              THRESHOLDS[case]))
         rows.append(row)
     setup = conformance_setup()
-    setup.update(batches=batches, skip=skip, stock=stock, patched=patched)
+    setup.update(batches=batches, skip=skip, stock=stock, patched=patched, builds=builds or dict(stock=1, patched=1))
     return dict(schema=1, setup=setup, rows=rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--patched-python", help="the interpreter of the patched environment")
-    parser.add_argument("--stock-python", default=sys.executable, help="the interpreter with stock Lightning")
+    parser.add_argument("--patched-python", nargs="+", help="the interpreter of each build of the patched environment")
+    parser.add_argument("--stock-python", nargs="+", default=[sys.executable],
+                        help="the interpreter of each build of the stock environment")
     parser.add_argument("--pairs", type=int, default=24)
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--skip", type=int, default=20)
@@ -231,11 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.patched_python:
         parser.error("--patched-python is required: build the environment with `python -m patch.environment --venv "
                      "PATH` and pass PATH/bin/python")
-    patched = _versions(args.patched_python)
-    if patched["patch_series"] is None:
-        parser.error(f"{args.patched_python} runs stock pytorch_lightning: pass the patched environment's python")
+    stock, patched = _environment(parser, args.stock_python, False), _environment(parser, args.patched_python, True)
     ratios = measure(args.stock_python, args.patched_python, args.pairs, args.batches, args.skip)
-    payload = results(ratios, _versions(args.stock_python), patched, args.batches, args.skip)
+    builds = dict(stock=len(args.stock_python), patched=len(args.patched_python))
+    payload = results(ratios, stock, patched, args.batches, args.skip, builds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     for row in payload["rows"]:

@@ -381,3 +381,32 @@ def test_the_patch_cost_judges_each_flavour_against_its_threshold_from_the_inter
     assert rows["dataloader_iter"]["verdict"] == "inconclusive"  # its interval straddles 1.02
     assert "verdict" not in rows[patch_cost.SAME_ENVIRONMENT] and rows[patch_cost.SAME_ENVIRONMENT]["pairs"] == 24
     assert payload["setup"]["stock"]["patch_series"] is None and payload["setup"]["batches"] == 200
+
+
+def test_the_patch_cost_pairs_cycle_over_every_build_in_both_orders(monkeypatch) -> None:
+    made: list[tuple[str, str, str]] = []
+
+    def pair(first: str, second: str, flavour: str, batches: int, skip: int) -> tuple[float, float]:
+        made.append((first, second, flavour))
+        return 1.0, 1.0
+
+    monkeypatch.setattr(patch_cost, "pair", pair)
+    ratios = patch_cost.measure(["s1", "s2"], ["p1", "p2"], 8, 10, 2)
+    assert all(len(values) == 8 for values in ratios.values())
+    regular = [(first, second) for first, second, flavour in made if flavour == "regular"]
+    assert regular == [("s1", "p1"), ("p1", "s1"), ("s2", "p1"), ("p1", "s2"),
+                       ("s1", "p2"), ("p2", "s1"), ("s2", "p2"), ("p2", "s2")]
+    # stock's control pairs two builds of stock, never a build with itself
+    controls = [(first, second) for first, second, _ in made[2::3]]
+    assert len(controls) == 8 and all(first != second and {first, second} == {"s1", "s2"} for first, second in controls)
+
+
+def test_the_patch_cost_refuses_builds_of_one_environment_that_run_different_things(monkeypatch, capsys) -> None:
+    runs = {"s1": dict(pytorch_lightning="9.9.9", patch_series=None),
+            "p1": dict(pytorch_lightning="9.9.9", patch_series="sha256:ab"),
+            "p2": dict(pytorch_lightning="9.9.9", patch_series="sha256:cd")}
+    monkeypatch.setattr(patch_cost, "_versions", runs.__getitem__)
+    with pytest.raises(SystemExit):
+        patch_cost.main(["--stock-python", "s1", "--patched-python", "p1", "p2", "--out", "unused.json"])
+    error = " ".join(capsys.readouterr().err.split())
+    assert "p2 runs" in error and "the builds of an environment must run the same" in error

@@ -1,6 +1,11 @@
 """A virtual environment whose pytorch_lightning is 2.6.6 with the RFC's patch series applied.
 
     python -m patch.environment --venv PATH [--tree DIR] [--sdist-cache DIR]
+    python -m patch.environment --venv PATH --stock
+
+``--stock`` builds the same environment with stock pytorch_lightning 2.6.6 left in place (reinstalled where a
+patched one was there): a second build of the stock side for ``benchmarks.patch_cost``, which pairs several builds
+of each environment.
 
 Installs what ``.ci/run`` installs, in its order (the local CPU build of torch first: an unpinned torch pulls a CUDA
 build; then this project, editable, with its ``dev`` and ``clients`` extras; then TorchRec without its declared
@@ -43,6 +48,14 @@ from pytorch_lightning import {SERIES_MODULE} as marker
 from prototypes.patched import unavailable_reason
 print(json.dumps({{"file": pytorch_lightning.__file__, "version": pytorch_lightning.__version__,
                   "series": marker.SERIES, "patches": marker.PATCHES, "unavailable": unavailable_reason()}}))
+"""
+
+
+STOCK_LIGHTNING = "pytorch-lightning==2.6.6"
+_STOCK_CHECK_SCRIPT = f"""
+import importlib.util, pytorch_lightning
+assert importlib.util.find_spec("pytorch_lightning.{SERIES_MODULE}") is None, "a patched pytorch_lightning is installed"
+print(pytorch_lightning.__version__)
 """
 
 
@@ -111,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--venv", type=Path, required=True, help="the environment to build (reused if present)")
     parser.add_argument("--tree", type=Path, help="a patched tree kept by `python -m patch.series --tree`")
     parser.add_argument("--sdist-cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--stock", action="store_true", help="keep stock pytorch_lightning: a build of the stock side")
     args = parser.parse_args(argv)
     venv = args.venv.absolute()
     python = venv / "bin" / "python"
@@ -122,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         pip(python, TORCH)
         pip(python, "-e", f"{REPO_ROOT}[dev,clients]")
         pip(python, "--no-deps", TORCHREC)
+        if args.stock:
+            pip(python, "--no-deps", "--force-reinstall", STOCK_LIGHTNING)
+            version = subprocess.run([str(python), "-c", _STOCK_CHECK_SCRIPT], check=True, capture_output=True,
+                                     text=True, cwd=REPO_ROOT).stdout.strip()
+            print(f"{venv}: stock pytorch_lightning {version}")
+            return 0
         with tempfile.TemporaryDirectory() as scratch:
             tree = args.tree or keep_tree(patched_tree(Path(scratch) / "git", args.sdist_cache), Path(scratch) / "tree")
             series = tree_series or marker_series(tree)

@@ -88,6 +88,18 @@ def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
     assert "| 1.050 [1.020, 1.070] | ≤ 1.03: **inconclusive** |" in block
     assert "(the method's own spread; a perfect method gives 1) | 24 | 1.000 [0.990, 1.010] | – |" in block
     assert "200 batches, timed from batch 20" in block and "series `sha256:abababababab`" in block
+    assert "1 build(s) of stock and 1 of the patched environment" in block
+
+
+def test_the_cost_blocks_control_says_it_pairs_two_builds_of_stock_where_the_run_had_several(tmp_path):
+    inputs = _cost(tmp_path, [dict(case="stock-over-stock", flavour="dataloader_iter", pairs=24, ratio=1.0,
+                                   interval=[0.99, 1.01])])
+    data = json.loads((tmp_path / patch_series.COST_FILE).read_text())
+    data["setup"]["builds"] = dict(stock=2, patched=3)
+    (tmp_path / patch_series.COST_FILE).write_text(json.dumps(data))
+    block = patch_series.block_patch_cost(inputs, tmp_path)
+    assert "2 build(s) of stock and 3 of the patched environment" in block
+    assert "| today's flavour, one build of stock over another (the builds' and the method's spread" in block
 
 
 def test_further_cost_runs_are_listed_with_their_builds_and_not_judged(tmp_path):

@@ -145,12 +145,16 @@ COST_FILE = "patch-cost.json"  # written by `python -m benchmarks.patch_cost`
 # Further runs of the same command (`--out rfc/results/patch-cost-<what>.json`): another build of the same series, or
 # one series against another (`--stock-python` of a patched build); listed below the judged run, not judged
 OTHER_COST_RUNS = "patch-cost-*.json"
-COST_COMMAND = "python -m benchmarks.patch_cost --patched-python .venv-patched/bin/python"
+COST_COMMAND = ("python -m benchmarks.patch_cost --stock-python STOCK_PY [STOCK_PY ...] --patched-python PATCHED_PY"
+                " [PATCHED_PY ...]")
 _CASES = {
     "regular": "a regular `training_step(batch, batch_idx)`, patched over stock",
     "dataloader_iter": "`training_step(self, dataloader_iter)`, patched over today's flavour",
     "stock-over-stock": "today's flavour over itself (the method's own spread; a perfect method gives 1)",
 }
+# the control where the pairs cycled over several builds of stock: each build over another one
+_CONTROL_ACROSS_BUILDS = ("today's flavour, one build of stock over another (the builds' and the method's spread; a"
+                          " perfect method gives 1)")
 
 
 def patch_cost_verdicts(inputs: Inputs) -> list[str]:
@@ -168,17 +172,21 @@ def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
         return no_results("patch cost results", COST_COMMAND)
     data = load_json(path)
     setup = data["setup"]
+    builds = setup.get("builds", dict(stock=1, patched=1))
+    cases = {**_CASES, **({"stock-over-stock": _CONTROL_ACROSS_BUILDS} if builds["stock"] > 1 else {})}
     rows = []
     for row in data["rows"]:
         interval = row["interval"]
         shown = f"{row['ratio']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
         target = f"≤ {row['threshold']}: **{row['verdict']}**" if "threshold" in row else "–"
-        rows.append(f"| {_CASES.get(row['case'], cell(row['case']))} | {row['pairs']} | {shown} | {target} |")
+        rows.append(f"| {cases.get(row['case'], cell(row['case']))} | {row['pairs']} | {shown} | {target} |")
     return "\n".join([
         f"Time per batch of S3's run (tiny model, no loading time, batch size 1, {setup['batches']} batches, timed "
         f"from batch {setup['skip']}) under the patched Lightning against stock, in lockstep pairs across the two "
-        f"environments (`{COST_COMMAND}`): median ratio of the pairs with its 95 % interval; a target is met or "
-        "missed only when the whole interval is on one side of it.",
+        f"environments (`{COST_COMMAND}`), cycling over every combination of {builds['stock']} build(s) of stock "
+        f"and {builds['patched']} of the patched environment, each installed in an environment of its own: median "
+        "ratio of the pairs with its 95 % interval; a target is met or missed only when the whole interval is on one "
+        "side of it.",
         "",
         "| Case | pairs | ratio [95 % interval] | target |",
         "| --- | ---: | --- | --- |",
