@@ -10,10 +10,13 @@ prototype is a verdict on the patch's code too.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
+import io
 import re
 import textwrap
-from collections.abc import Callable, Iterable, Mapping
+import tokenize
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -107,10 +110,122 @@ def imports_and_body(source: str) -> tuple[list[str], str]:
 
 
 def renamed(source: str, names: Mapping[str, str]) -> str:
-    """``source`` with each identifier of ``names`` spelled as it maps it (a prototype's name -> Lightning's)."""
-    for old, new in names.items():
-        source = re.sub(rf"\b{re.escape(old)}\b", new, source)
-    return source
+    """``source`` (Python) with each module-level name of ``names`` spelled as it maps it (a prototype's name ->
+    Lightning's): where the code refers to it (a name no enclosing function binds, a top-level definition, an imported
+    name), not an attribute or a keyword of the same spelling; and in its docstrings, strings and comments, where the
+    prose names it: a name that is one plain word (``vote``, ``drain``) only between backticks, any other wherever it
+    stands as a whole word."""
+    if not names:
+        return source
+    lines = source.splitlines(keepends=True)
+    spans: dict[tuple[int, int], tuple[int, str]] = {}  # (line, start column) -> (end column, new), columns in str
+
+    def at(node: ast.AST, line: int, start: int, name: str) -> None:
+        text = lines[line - 1]
+        column = len(text.encode("utf-8")[:start].decode("utf-8"))  # the AST counts bytes
+        if text[column:column + len(name)] != name:
+            raise ValueError(f"renamed: {name!r} is not where the AST puts it ({ast.dump(node)[:80]})")
+        spans[line, column] = (column + len(name), names[name])
+
+    for node, scopes in _walk_scopes(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in names and not any(node.id in bound for bound in scopes):
+            at(node, node.lineno, node.col_offset, node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not scopes:
+            if node.name in names:
+                line = node.lineno
+                keyword = re.match(r"\s*(?:async\s+)?(?:def|class)\s+", lines[line - 1])
+                at(node, line, len(lines[line - 1][:keyword.end()].encode("utf-8")), node.name)
+        elif isinstance(node, ast.alias) and node.name in names:
+            at(node, node.lineno, node.col_offset, node.name)
+    code = [(line, start, end) for (line, start), (end, _) in spans.items()]
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in (tokenize.STRING, tokenize.COMMENT):
+            continue
+        (first, first_column), (last, last_column) = token.start, token.end
+        for number in range(first, last + 1):
+            start = first_column if number == first else 0
+            end = last_column if number == last else len(lines[number - 1])
+            for match in _prose_names(names).finditer(lines[number - 1], start, end):
+                if not any(line == number and s < match.end() and match.start() < e for line, s, e in code):
+                    spans[number, match.start()] = (match.end(), names[match.group()])
+    for (line, start), (end, new) in sorted(spans.items(), reverse=True):
+        text = lines[line - 1]
+        lines[line - 1] = text[:start] + new + text[end:]
+    return "".join(lines)
+
+
+@functools.cache
+def _prose_names_of(items: tuple[tuple[str, str], ...]) -> re.Pattern[str]:
+    words = [re.escape(old) for old, _ in items if re.fullmatch(r"[A-Za-z][a-z]*", old)]
+    others = [re.escape(old) for old, _ in items if not re.fullmatch(r"[A-Za-z][a-z]*", old)]
+    alternatives = [f"(?<=`)(?:{'|'.join(words)})\\b"] if words else []
+    if others:
+        alternatives.append(f"(?<![\\w.])(?:{'|'.join(sorted(others, key=len, reverse=True))})\\b")
+    return re.compile("|".join(alternatives))
+
+
+def _prose_names(names: Mapping[str, str]) -> re.Pattern[str]:
+    return _prose_names_of(tuple(sorted(names.items())))
+
+
+_FUNCTION_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                    ast.GeneratorExp)
+
+
+def _walk_scopes(node: ast.AST) -> Iterator[tuple[ast.AST, tuple[set[str], ...]]]:
+    """Every node under ``node``, with the names each enclosing scope binds: a name none of them binds is the
+    module's. A function, a lambda and a comprehension are scopes; a class body is one only for what stands in it
+    directly (its methods do not see its names)."""
+    for child in ast.iter_child_nodes(node):
+        yield from _visit(child, (), None)
+
+
+def _visit(
+    node: ast.AST, scopes: tuple[set[str], ...], class_body: set[str] | None
+) -> Iterator[tuple[ast.AST, tuple[set[str], ...]]]:
+    yield node, scopes if class_body is None else (*scopes, class_body)
+    if isinstance(node, _FUNCTION_SCOPES):
+        inner = (*scopes, _bound_in(node))
+        for child in ast.iter_child_nodes(node):
+            yield from _visit(child, inner, None)
+    elif isinstance(node, ast.ClassDef):
+        for part in [*node.decorator_list, *node.bases, *node.keywords]:
+            yield from _visit(part, scopes, class_body)
+        own = _bound_in(node)
+        for statement in node.body:
+            yield from _visit(statement, scopes, own)
+    else:
+        for child in ast.iter_child_nodes(node):
+            yield from _visit(child, scopes, class_body)
+
+
+def _bound_in(scope: ast.AST) -> set[str]:
+    """The names a function (a lambda, a comprehension) binds: its parameters and what its own body assigns."""
+    bound: set[str] = set()
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        arguments = scope.args
+        bound |= {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        bound |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+    declared: set[str] = set()
+    pending = list(ast.iter_child_nodes(scope))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            declared |= set(node.names)
+        if isinstance(node, (*_FUNCTION_SCOPES, ast.ClassDef)) and node is not scope:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                pending.extend([*node.decorator_list, *getattr(node, "bases", ())])
+            continue  # its own scope
+        pending.extend(ast.iter_child_nodes(node))
+    return bound - declared
 
 
 def for_lightning(source: str) -> str:
