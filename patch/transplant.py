@@ -99,6 +99,16 @@ def module_source(
     return for_lightning(renamed(source, names)).rstrip("\n") + "\n"
 
 
+def top_level_names(module: ModuleType, *, keep: Iterable[str] | None = None, drop: Iterable[str] = ()) -> set[str]:
+    """The names of the top-level definitions ``module_source`` takes from ``module`` with ``keep`` and ``drop``."""
+    names: set[str] = set()
+    for node in ast.parse(inspect.getsource(module)).body:
+        defined = _defined_names(node)
+        if defined and not (defined & set(drop) or (keep is not None and not defined & set(keep))):
+            names |= defined
+    return names
+
+
 def imports_and_body(source: str) -> tuple[list[str], str]:
     """A module's imports, one statement each on one line (``from __future__`` left out), and what follows the last
     of them: its definitions, for a module written into another (its docstring left behind)."""
@@ -113,8 +123,8 @@ def renamed(source: str, names: Mapping[str, str]) -> str:
     """``source`` (Python) with each module-level name of ``names`` spelled as it maps it (a prototype's name ->
     Lightning's): where the code refers to it (a name no enclosing function binds, a top-level definition, an imported
     name), not an attribute or a keyword of the same spelling; and in its docstrings, strings and comments, where the
-    prose names it: a name that is one plain word (``vote``, ``drain``) only between backticks, any other wherever it
-    stands as a whole word."""
+    prose names it: a name that is one plain word (``vote``, ``drain``) only between backticks and not as the
+    parameter or field a colon describes there, any other wherever it stands as a whole word, not after a dot."""
     if not names:
         return source
     lines = source.splitlines(keepends=True)
@@ -158,7 +168,8 @@ def renamed(source: str, names: Mapping[str, str]) -> str:
 def _prose_names_of(items: tuple[tuple[str, str], ...]) -> re.Pattern[str]:
     words = [re.escape(old) for old, _ in items if re.fullmatch(r"[A-Za-z][a-z]*", old)]
     others = [re.escape(old) for old, _ in items if not re.fullmatch(r"[A-Za-z][a-z]*", old)]
-    alternatives = [f"(?<=`)(?:{'|'.join(words)})\\b"] if words else []
+    # a plain word between backticks and then a colon describes a parameter or a field of that spelling (``drain``:)
+    alternatives = [f"(?<=`)(?:{'|'.join(words)})\\b(?!`+:)"] if words else []
     if others:
         alternatives.append(f"(?<![\\w.])(?:{'|'.join(sorted(others, key=len, reverse=True))})\\b")
     return re.compile("|".join(alternatives))

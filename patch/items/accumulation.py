@@ -2,7 +2,7 @@
 
 from patch.edits import LightningSource, assigns
 from patch.items import Item
-from patch.items.look_ahead import LIGHTNING_PACKAGE, NAMES
+from patch.items.look_ahead import FETCHERS, NAMES, UTILITIES
 from patch.transplant import methods_source, renamed
 from prototypes.lightning_changes.optimization import StepFirstAutomaticOptimization
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop, _StepCallAutomaticOptimization
@@ -20,10 +20,9 @@ def _step_after_the_call(source: LightningSource) -> None:
     automatic = source.module("loops.optimization.automatic")
     automatic.add_import("from pytorch_lightning.loops.fetchers import _DataLoaderIterDataFetcher")
     automatic.add_import(
-        f"from {LIGHTNING_PACKAGE}.optimization import average_gradients_over_ranks, blocks_gradient_sync,"
-        " discard_cut_short_call"
+        f"from {UTILITIES} import _average_gradients_over_ranks, _blocks_gradient_sync, _discard_cut_short_call"
     )
-    automatic.add_import(f"from {LIGHTNING_PACKAGE}.common import StepCall")
+    automatic.add_import(f"from {FETCHERS} import _StepCall")
     automatic.insert_in_body(
         "_AutomaticOptimization.__init__",
         """
@@ -45,15 +44,18 @@ def _step_after_the_call(source: LightningSource) -> None:
     automatic.insert(
         renamed(methods_source(_StepCallAutomaticOptimization, ("run_fetched_step_call",)), NAMES)
         + "\n"
-        + methods_source(
-            StepFirstAutomaticOptimization,
-            ("start_epoch", "run_step_call", "close_window", "_zero_grad_fn_of_a_drain_call"),
+        + renamed(
+            methods_source(
+                StepFirstAutomaticOptimization,
+                ("start_epoch", "run_step_call", "close_window", "_zero_grad_fn_of_a_drain_call"),
+            ),
+            NAMES,
         ),
         after="_AutomaticOptimization.run",
     )
 
     epoch_loop = source.module("loops.training_epoch_loop")
-    epoch_loop.insert(methods_source(_PrefetchingEpochLoop, ("_a_rank_ends_within_this_call",)),
+    epoch_loop.insert(renamed(methods_source(_PrefetchingEpochLoop, ("_a_rank_ends_within_this_call",)), NAMES),
                       after="_TrainingEpochLoop._accumulated_batches_reached")
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop.on_run_start",

@@ -2,8 +2,8 @@
 
 from patch.edits import LightningSource, ModuleSource
 from patch.items import Item, UpdatedTest
-from patch.items.look_ahead import LIGHTNING_PACKAGE
-from patch.transplant import methods_source
+from patch.items.look_ahead import FETCHERS, NAMES, UTILITIES
+from patch.transplant import methods_source, renamed
 from prototypes.common import NoProgressGuard
 from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop, DrainsHeldBatches
 from prototypes.prefetcher.loops import _PrefetchingEpochLoop
@@ -22,26 +22,29 @@ def _drain(source: LightningSource) -> None:
     )
     epoch_loop = source.module("loops.training_epoch_loop")
     epoch_loop.add_import(
-        f"from {LIGHTNING_PACKAGE}.draining import DRAIN_CALL_TRAINED_UNSEEN, HELD_BATCHES_NOT_DRAINED, drain,"
-        " epoch_stopped_early, optimizer_steps"
+        f"from {UTILITIES} import _DRAIN_CALL_TRAINED_UNSEEN, _HELD_BATCHES_NOT_DRAINED, _drain, _epoch_stopped_early,"
+        " _optimizer_steps"
     )
     epoch_loop.add_import("import warnings")
     epoch_loop.add_import(
-        f"from {LIGHTNING_PACKAGE}.common import PULLED_AHEAD, RanksVote, every_rank_has_a_batch, makes_drain_calls"
+        f"from {FETCHERS} import _PULLED_AHEAD, _RanksVote, _every_rank_has_a_batch, _makes_drain_calls"
     )
     epoch_loop.add_import("from collections.abc import Callable, Iterator")
     epoch_loop.insert(
-        methods_source(_PrefetchingEpochLoop, ("_step_calls_this_epoch",
-                                               "_consumed_by_last_call", "_pulled_ahead", "_draining",
-                                               "_run_drain_call", "_vote_since_the_last_call",
-                                               "_vote_after_drain_call"))
-        + "\n"
-        + methods_source(DrainsHeldBatches, ("_drain_rule", "_drain_if_the_data_ended", "_drain_held_batches",
-                                             "_drain_call")),
+        renamed(
+            methods_source(_PrefetchingEpochLoop, ("_step_calls_this_epoch",
+                                                   "_consumed_by_last_call", "_pulled_ahead", "_draining",
+                                                   "_run_drain_call", "_vote_since_the_last_call",
+                                                   "_vote_after_drain_call"))
+            + "\n"
+            + methods_source(DrainsHeldBatches, ("_drain_rule", "_drain_if_the_data_ended", "_drain_held_batches",
+                                                 "_drain_call")),
+            NAMES,
+        ),
         after="_TrainingEpochLoop.advance",
     )
     # whether the ranks vote on the end of data (under DDP the drain calls need it), decided once per combined loader
-    epoch_loop.add_import(f"from {LIGHTNING_PACKAGE}.common import end_of_data_vote_needed")
+    epoch_loop.add_import(f"from {FETCHERS} import _end_of_data_vote_needed")
     epoch_loop.add_import("from pytorch_lightning.utilities.combined_loader import CombinedLoader")
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop.__init__",
@@ -52,7 +55,8 @@ def _drain(source: LightningSource) -> None:
         at_end=True,
     )
     epoch_loop.insert(
-        methods_source(BatchCountingEpochLoop, ("_ranks_vote_every_step",)), after="_TrainingEpochLoop._drain_call"
+        renamed(methods_source(BatchCountingEpochLoop, ("_ranks_vote_every_step",)), NAMES),
+        after="_TrainingEpochLoop._drain_call",
     )
     epoch_loop.insert_in_body(
         "_TrainingEpochLoop.advance",

@@ -7,7 +7,7 @@ import prototypes.prefetcher.loops
 from patch.edits import LightningSource, ModuleSource, assigns
 from patch.items import Item, UpdatedTest
 from patch.items.draining import STEP_METHODS_TEST, count_drain_calls
-from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.items.look_ahead import NAMES, UTILITIES
 from patch.transplant import definition_source, methods_source, renamed
 from prototypes.lightning_changes.prediction import PredictionWriterSeesStepCalls
 from prototypes.prefetcher.loops import _PrefetchingEvaluationLoop, _PrefetchingPredictionLoop
@@ -50,7 +50,8 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
     # fetcher's iterator
     source.module("loops.utilities").insert(
         renamed(definition_source(prototypes.prefetcher.loops._step_call, name=_STEP_CALL,
-                                  substitutions={_NOT_THE_FETCHERS: ""}), {"_PrefetchingEvaluationSteps": "Any"}),
+                                  substitutions={_NOT_THE_FETCHERS: ""}),
+                {**NAMES, "_PrefetchingEvaluationSteps": "Any"}),
         after="_select_data_fetcher",
     )
     for module, loop, hook, step, output, drain in (
@@ -93,18 +94,24 @@ def _one_iterator_per_dataloader(source: LightningSource) -> None:
         )
 
     evaluation = source.module("loops.evaluation_loop")
-    evaluation.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, evaluation_drain_call")
+    evaluation.add_import(f"from {UTILITIES} import _drain, _evaluation_drain_call")
     evaluation.insert(
-        _EVALUATION_STEPS + _DRAIN_CALL + "\n" + methods_source(_PrefetchingEvaluationLoop, ("_drain_dataloader",)),
+        renamed(
+            _EVALUATION_STEPS + _DRAIN_CALL + "\n" + methods_source(_PrefetchingEvaluationLoop, ("_drain_dataloader",)),
+            NAMES,
+        ),
         after="_EvaluationLoop._evaluation_step",
     )
 
     prediction = source.module("loops.prediction_loop")
-    prediction.add_import(f"from {LIGHTNING_PACKAGE}.draining import drain, prediction_drain_call")
+    prediction.add_import(f"from {UTILITIES} import _drain, _prediction_drain_call")
     prediction.insert(
-        'step_name = "predict_step"\n' + _DRAIN_CALL + "\n"
-        + methods_source(_PrefetchingPredictionLoop, ("_drain_dataloader",)) + "\n"
-        + methods_source(PredictionWriterSeesStepCalls, _WRITER_RECORD),
+        renamed(
+            'step_name = "predict_step"\n' + _DRAIN_CALL + "\n"
+            + methods_source(_PrefetchingPredictionLoop, ("_drain_dataloader",)) + "\n"
+            + methods_source(PredictionWriterSeesStepCalls, _WRITER_RECORD),
+            NAMES,
+        ),
         after="_PredictionLoop._predict_step",
     )
     prediction.insert_in_body(

@@ -1,11 +1,14 @@
 """[RFC 2] Look one batch ahead: the step's iterator, one per loop over a dataloader, from a fetcher that hands out
 the batches the step consumes.
 
-The fetcher and what it alone is built from (the producer, the record of a loop's step calls) are the recommended
-design's own modules, written into ``loops/fetchers.py`` by ``patch.transplant``, and what the loops share with it
-into a private package of Lightning's loops (``loops/_dataloader_iter/``); the loops choose the fetcher where they chose
-Lightning's ``_DataLoaderIterDataFetcher``. The fetcher and the step's iterator are written as one class each
-(``FLATTENED``): the prototype cuts them into mixins to keep each class on a screen, Lightning's reader meets one.
+The fetcher, what it is built from (the producer, the record of a loop's step calls) and what the loops share with it
+(the record of a step call, the batch transfer, the ranks' vote) are the recommended design's own modules, written
+into ``loops/fetchers.py`` by ``patch.transplant``; the drain calls and the optimisation loops' helpers are written
+among the loops' helpers in ``loops/utilities.py``, beside ``_block_parallel_sync_behavior``. No module is added:
+each definition is private in the module it is written into, as Lightning names its fetchers and its loops' helpers.
+The loops choose the fetcher where they chose Lightning's ``_DataLoaderIterDataFetcher``. The fetcher and the step's
+iterator are written as one class each (``FLATTENED``): the prototype cuts them into mixins to keep each class on a
+screen, Lightning's reader meets one.
 The design's opt-in prefetch thread (``prototypes.prefetcher.threaded``) is not carried, nor the batch transfer's
 pinning step it uses: the RFC defers it (its thread decision), and code no user can switch on does not ship.
 """
@@ -13,6 +16,7 @@ pinning step it uses: the RFC defers it (its thread decision), and code no user 
 import ast
 import functools
 import re
+from collections.abc import Iterable
 
 import prototypes.batches_per_call
 import prototypes.common
@@ -22,7 +26,7 @@ import prototypes.lightning_changes.optimization
 import prototypes.prefetcher.fetcher
 import prototypes.prefetcher.producer
 import prototypes.prefetcher.step_calls
-from patch.edits import LightningSource, ModuleSource, asserts, asserts_exactly, assigns, calls
+from patch.edits import LightningSource, ModuleSource, asserts, asserts_exactly, assigns, calls, import_statement
 from patch.items import Item, UpdatedTest
 from patch.transplant import (
     assignment_source,
@@ -31,64 +35,64 @@ from patch.transplant import (
     imports_and_body,
     module_source,
     renamed,
+    top_level_names,
 )
 
-PACKAGE = "loops._dataloader_iter"
-LIGHTNING_PACKAGE = f"pytorch_lightning.{PACKAGE}"
+FETCHERS = "pytorch_lightning.loops.fetchers"
+UTILITIES = "pytorch_lightning.loops.utilities"
 IMPORTS = {
-    "prototypes.common": f"{LIGHTNING_PACKAGE}.common",
-    "prototypes.prefetcher": LIGHTNING_PACKAGE,
-    "prototypes.prefetcher.fetcher": "pytorch_lightning.loops.fetchers",
-    # what the fetcher alone is built from is written into its module (``FETCHER_PARTS``)
-    "prototypes.prefetcher.producer": "pytorch_lightning.loops.fetchers",
-    "prototypes.prefetcher.step_calls": "pytorch_lightning.loops.fetchers",
+    # what the fetcher is built from and what the loops share with it are written into its module (``FETCHER_PARTS``)
+    "prototypes.common": FETCHERS,
+    "prototypes.prefetcher.fetcher": FETCHERS,
+    "prototypes.prefetcher.producer": FETCHERS,
+    "prototypes.prefetcher.step_calls": FETCHERS,
     # written into the one module that uses each (``WRITTEN_INTO_ITS_USER``), which drops the import
-    "prototypes.lightning_changes:loader_state_reader": "pytorch_lightning.loops.fetchers",
-    "prototypes.batches_per_call:CALL_CUT_SHORT": f"{LIGHTNING_PACKAGE}.optimization",
+    "prototypes.lightning_changes:loader_state_reader": FETCHERS,
+    "prototypes.batches_per_call:CALL_CUT_SHORT": UTILITIES,
     "prototypes.lightning_changes:CountsConsumed": "pytorch_lightning.loops.progress",
     # public: a user filters it (or makes it an error) by its category
     "prototypes.batches_per_call:CutShortCallWarning": "pytorch_lightning.utilities.warnings",
 }
-# the progress classes count consumed batches themselves once item 1 is in; what the fetcher is built from is private
-# in its module, as Lightning names the fetchers there
-NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter",
-         "_PrefetchingIterFetcher": "_DataLoaderIterDataFetcher", "Produced": "_Produced",
-         "LoaderExhausted": "_LoaderExhausted", "BatchProducer": "_BatchProducer", "EpochStepCalls": "_EpochStepCalls",
-         "loader_state_reader": "_loader_state_reader"}
-# module in the package -> (prototype module, the definitions it takes: None for all, those it leaves, its docstring)
-MODULES = {
-    "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
-                                         "StepIterator"}, """
-The iterator a step call receives and the record of a loop's step calls, the batch transfer, the ranks' end-of-data
-vote and the misuse checks with their messages.
-"""),
-    "draining": (prototypes.lightning_changes.draining, None, (), """
-Drain calls: the step called again after the last batch, so that a pipelining step trains what it holds.
-"""),
-    "optimization": (prototypes.lightning_changes.optimization,
-                     {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, (), """
-What the optimisation loops do for a step taking ``dataloader_iter``: a training step call cut short by the end of
-the data (no optimizer step for its batches, its gradients discarded under manual optimisation, the user told once
-per fit), and under DDP which calls skip the gradient all-reduce and how a window the data closed unforeseen is
-synchronised once.
-"""),
-}
-# What the fetcher alone is built from, written into `loops/fetchers.py` before it, in this order: the producer that
-# loads and transfers the batches (and reads the loaders' state after each), and the record of a loop's step calls
-# (the peeked next batch, the ranks' vote, the running call, batches taken between calls, drain calls). As ``MODULES``.
+# What the fetcher is built from, written into `loops/fetchers.py` before it, in this order: what every loop shares
+# with it (the record of a step call and of a loop's calls, the batch transfer, the ranks' end-of-data vote, the
+# misuse messages), the producer that loads and transfers the batches (and reads the loaders' state after each), and
+# the record of a loop's step calls (the peeked next batch, the ranks' vote, the running call, batches taken between
+# calls, drain calls): part -> (prototype module, the definitions it takes: None for all, those it leaves).
 FETCHER_PARTS = {
+    "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
+                                         "StepIterator", "DATALOADER_ITER"}),
     "producer": (prototypes.prefetcher.producer, None, ()),
     "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}),
 }
-# What one module alone uses is written into it, not into a module of its own: module -> (the name, its definition,
-# the definition it goes before, the import it needs there or None)
+# What the loops call at the end of the data and around the optimizer, written into `loops/utilities.py` after its
+# helpers, in this order (as ``FETCHER_PARTS``): the drain calls, and what the optimisation loops do for a step taking
+# `dataloader_iter` (a call cut short by the end of the data, which calls skip DDP's gradient all-reduce, and how a
+# window the data closed unforeseen is synchronised once). `loops/fetchers.py` cannot hold them: `loops/utilities.py`
+# imports it, and they call `_is_max_limit_reached` there.
+UTILITIES_PARTS = {
+    "draining": (prototypes.lightning_changes.draining, None, ()),
+    "optimization": (prototypes.lightning_changes.optimization,
+                     {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, ()),
+}
+# the progress classes count consumed batches themselves once item 1 is in; what is written into Lightning's modules
+# is private there, as Lightning names the fetchers and the loops' helpers
+NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter",
+         "_PrefetchingIterFetcher": "_DataLoaderIterDataFetcher", "loader_state_reader": "_loader_state_reader",
+         "CALL_CUT_SHORT": "_CALL_CUT_SHORT",
+         # the prose of the prototype's record of the step calls names the rules by their module
+         "common.DRAIN_RULES": "_DRAIN_RULES",
+         **{name: f"_{name}" for module, keep, drop in (*FETCHER_PARTS.values(), *UTILITIES_PARTS.values())
+            for name in top_level_names(module, keep=keep, drop=drop) if not name.startswith("_")}}
+# What one module alone uses is written into it, not beside what the others use: module -> (the name, its
+# definition, the definition it goes before, the import it needs there or None)
 WRITTEN_INTO_ITS_USER = {
     "loops.fetchers": ("_loader_state_reader",
                        definition_source(prototypes.lightning_changes.fit_loop.loader_state_reader,
                                          name="_loader_state_reader"),
                        "_BatchProducer", "from lightning_fabric.utilities.types import _Stateful"),
-    f"{PACKAGE}.optimization": ("CALL_CUT_SHORT", assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"),
-                     "discard_cut_short_call", None),
+    "loops.utilities": ("_CALL_CUT_SHORT",
+                        renamed(assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"), NAMES),
+                        "_discard_cut_short_call", None),
 }
 # The prototype's classes written as one class each where Lightning's reader meets them (``class_source``).
 FLATTENED = {"common": {
@@ -139,15 +143,40 @@ FETCHER_IMPORTS = (
     "import functools",
     "from collections.abc import Callable",
     "import pytorch_lightning as pl",
-    f"from {LIGHTNING_PACKAGE}.common import ITERATOR_USED_AFTER_ITS_LOOP, PULLED_AHEAD,"
-    " STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepItem, end_of_data_vote_needed, warn_declined",
     "from pytorch_lightning.loops.progress import _Progress",
 )
-PACKAGE_DOCSTRING = (
-    '"""What the loops share when a step takes ``dataloader_iter``: the record of a step call and the batch transfer\n'
-    "the fetcher (``loops/fetchers.py``) builds on, the ranks' end-of-data vote, the drain calls and the optimisation\n"
-    "loops' helpers.\"\"\"\n"
-)
+# the prototype's banners between its groups of definitions (`# ---- drain a pipelining step`), which Lightning's
+# modules do not use
+_BANNER = re.compile(r"^# -{10,}[^\n]*\n", flags=re.M)
+
+
+def _write_parts(module: ModuleSource, parts: dict, itself: str, before: str | None = None) -> None:
+    """Each part's definitions written into ``module`` (the Lightning module ``itself``): before the definition
+    ``before``, or at its end, with the imports they need that ``module`` lacks."""
+    for name, (prototype, keep, drop) in parts.items():
+        text = module_source(prototype, imports=IMPORTS, names=NAMES, keep=keep, drop=drop,
+                             replacements=FLATTENED.get(name, {}))
+        imports, body = imports_and_body(text)
+        _add_imports(module, imports, itself)
+        body = _BANNER.sub("", body)
+        if before is None:
+            module.insert(body)
+        else:
+            module.insert(body, before=before)
+
+
+def _add_imports(module: ModuleSource, lines: Iterable[str], itself: str) -> None:
+    """The imports ``lines``, less those of ``itself`` (the definitions written into it) and the names ``module``
+    already imports (Lightning's `Callable` of `typing` where the prototype's is of `collections.abc`)."""
+    bound = {(alias.asname or alias.name).split(".")[0] for node in ast.parse("".join(module.lines)).body
+             if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    for line in lines:
+        node = ast.parse(line).body[0]
+        if isinstance(node, ast.ImportFrom) and node.module == itself:
+            continue
+        node.names = [alias for alias in node.names if (alias.asname or alias.name).split(".")[0] not in bound]
+        if node.names:
+            module.add_import(import_statement(ast.unparse(node)))
 
 
 def _look_ahead(source: LightningSource) -> None:
@@ -178,33 +207,22 @@ def _look_ahead(source: LightningSource) -> None:
     source.module("utilities.warnings").insert(
         definition_source(prototypes.batches_per_call.CutShortCallWarning, name="CutShortCallWarning")
     )
-    source.add_module(f"{PACKAGE}.__init__", PACKAGE_DOCSTRING)
-    for name, (module, keep, drop, docstring) in MODULES.items():
-        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop, docstring=docstring,
-                             replacements=FLATTENED.get(name, {}))
-        source.add_module(f"{PACKAGE}.{name}", text)
     fetchers = source.module("loops.fetchers")
     fetchers.replace("_DataLoaderIterDataFetcher", renamed(FETCHER, NAMES))
     fetchers.replace("_DataFetcherWrapper", renamed(STEP_ITERATOR, NAMES))
     for line in FETCHER_IMPORTS:
         fetchers.add_import(line)
-    for name, (module, keep, drop) in FETCHER_PARTS.items():
-        text = module_source(module, imports=IMPORTS, names=NAMES, keep=keep, drop=drop,
-                             replacements=FLATTENED.get(name, {}))
-        imports, body = imports_and_body(text)
-        for line in imports:
-            if " pytorch_lightning.loops.fetchers " not in line:  # the parts of the module it goes into
-                fetchers.add_import(line)
-        fetchers.insert(body, before="_DataLoaderIterDataFetcher")
-    for dotted, (defined, definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
+    _write_parts(fetchers, FETCHER_PARTS, FETCHERS, before="_DataLoaderIterDataFetcher")
+    utilities = source.module("loops.utilities")
+    # their annotations (`X | None`) need it on Python 3.9, as the fetcher's do
+    utilities.add_import("from __future__ import annotations")
+    _write_parts(utilities, UTILITIES_PARTS, UTILITIES)
+    for dotted, (_, definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
         module = source.module(dotted)
-        if dotted != "loops.fetchers":  # the fetcher's parts left out its imports of itself (above)
-            module.remove_imported_name(defined)
         module.insert(definition, before=before)
         if needs is not None:
             module.add_import(needs)
 
-    utilities = source.module("loops.utilities")
     utilities.add_parameters(
         "_select_data_fetcher", "progress: Optional[_Progress] = None, drain_dataloader: Optional[Callable] = None"
     )
@@ -391,12 +409,15 @@ which batches the step had consumed. It is rewritten in `loops/fetchers.py`, and
 hooks see the batch the step gets first; it counts the batches handed out, records each step call's batches, and
 hands every step call of a loop over a dataloader the same iterator, valid until that loop ends. A `next()` between
 two calls (a pipeline's own loading thread) counts toward the next call. It loads each batch on the step's thread, as
-the step asks for it (a prefetch thread is not part of this change). What it alone is built from, the producer that
-reads and transfers the batches and the record of the step calls, is written before it in `loops/fetchers.py`; what
-the other loops share with it (the record of a step call, the batch transfer, the ranks' vote, later the drain calls)
-is in the new private package `loops/_dataloader_iter/`. The fetcher is built for the Trainer whose loop chooses
-it, so its unit tests in `loops/test_fetchers.py` build it for one; with `from __future__ import annotations`, which
-its annotations need on Python 3.9, Lightning's ruff rewrites the module's five older annotations. A training step
+the step asks for it (a prefetch thread is not part of this change). What it is built from, the producer that reads
+and transfers the batches and the record of the step calls, and what the other loops share with it (the record of a
+step call, the batch transfer, the ranks' vote) are written before it in `loops/fetchers.py`; the drain calls and
+what the optimisation loops do for such a step go among the loops' helpers in `loops/utilities.py`, which imports
+`loops/fetchers.py` and whose `_is_max_limit_reached` they use. No module is added, and each definition is private in
+its module. The fetcher is built for the Trainer whose loop chooses it, so its unit tests in `loops/test_fetchers.py`
+build it for one; with `from __future__ import annotations`, which the annotations written into both modules need on
+Python 3.9, Lightning's ruff rewrites their older annotations (five in `loops/fetchers.py`, seven in
+`loops/utilities.py`). A training step
 call cut short by the end of the data warns with `CutShortCallWarning`, public in
 `pytorch_lightning.utilities.warnings`, so that a user can filter it or make it an error by its category.
 """,

@@ -5,7 +5,7 @@ import json
 
 from patch.edits import LightningSource, ModuleSource, calls
 from patch.items import Item, UpdatedTest
-from patch.items.look_ahead import LIGHTNING_PACKAGE
+from patch.items.look_ahead import UTILITIES
 from patch.transplant import definition_source
 from prototypes.common import DATALOADER_ITER, refuse_mixed_step_signature
 
@@ -27,7 +27,7 @@ def _refuse_misuse(source: LightningSource) -> None:
         "_select_data_fetcher", "_refuse_mixed_step_signature(step_fx, step_fx_name)", before=calls("rank_zero_warn")
     )
     manual = source.module("loops.optimization.manual")
-    manual.add_import(f"from {LIGHTNING_PACKAGE}.optimization import discard_cut_short_call")
+    manual.add_import(f"from {UTILITIES} import _discard_cut_short_call")
     manual.replace_statement(
         "_ManualOptimization.run",
         lambda node: isinstance(node, ast.With),
@@ -41,7 +41,7 @@ def _refuse_misuse(source: LightningSource) -> None:
                 self.advance(kwargs)
             except StopIteration:
                 fetcher.step_stopped()  # the end of the data ends the call; any other StopIteration is an error
-                discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
+                _discard_cut_short_call(self.trainer, fetcher.calls.call.consumed)
                 return {}
             finally:
                 fetcher.end_step_call()

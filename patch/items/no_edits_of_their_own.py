@@ -7,8 +7,8 @@ TRANSFER = Item(
     "Every batch passes the precision conversion and the three transfer hooks when, or before, it is handed out",
     part="item 2's fetcher makes it",
     why="""
-No code of its own (its CHANGELOG entry only): the fetcher of item 2 builds each batch with `BatchTransfer`
-(`loops/_dataloader_iter/common.py`), which converts its precision and runs `on_before_batch_transfer`,
+No code of its own (its CHANGELOG entry only): the fetcher of item 2 builds each batch with `_BatchTransfer`
+(`loops/fetchers.py`), which converts its precision and runs `on_before_batch_transfer`,
 `transfer_batch_to_device` and `on_after_batch_transfer` before the step's `next()` returns it. Lightning skipped
 all four for a step taking `dataloader_iter`, which had to move its batches itself.
 """,
