@@ -59,8 +59,10 @@ IMPORTS = {
 # the record of a loop's step calls (the peeked next batch, the ranks' vote, the running call, batches taken between
 # calls, drain calls): part -> (prototype module, the definitions it takes: None for all, those it leaves).
 FETCHER_PARTS = {
+    # less the prototype's registry entry, what the loops' selection does (item 10), the iterator the fetcher's own
+    # replaces, and the message of an iterator used after its step, which no loop of the stack gives
     "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
-                                         "StepIterator", "DATALOADER_ITER"}),
+                                         "StepIterator", "DATALOADER_ITER", "ITERATOR_USED_AFTER_ITS_STEP"}),
     "producer": (prototypes.prefetcher.producer, None, ()),
     "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}),
 }
