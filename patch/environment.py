@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from patch.series import DEFAULT_CACHE, PACKAGE_IN_SDIST, keep_tree, patched_tree
+from patch.series import DEFAULT_CACHE, PACKAGE_IN_SDIST, RELEASE, keep_tree, patched_tree
 from prototypes.patched import SERIES_MODULE, patch_sources_digest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +51,7 @@ print(json.dumps({{"file": pytorch_lightning.__file__, "version": pytorch_lightn
 """
 
 
-STOCK_LIGHTNING = "pytorch-lightning==2.6.6"
+STOCK_LIGHTNING = f"pytorch-lightning=={RELEASE}"
 _STOCK_CHECK_SCRIPT = f"""
 import importlib.util, pytorch_lightning
 assert importlib.util.find_spec("pytorch_lightning.{SERIES_MODULE}") is None, "a patched pytorch_lightning is installed"
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sdist-cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--stock", action="store_true", help="keep stock pytorch_lightning: a build of the stock side")
     args = parser.parse_args(argv)
+    if args.stock and args.tree:
+        parser.error("--stock keeps stock pytorch_lightning, --tree installs a patched one: pass one of them")
     venv = args.venv.absolute()
     python = venv / "bin" / "python"
     try:
