@@ -123,13 +123,14 @@ CHANGES = (
     Change(
         "under DDP a rank whose data ends first stops while its peers wait in the gradient all-reduce until the "
         "timeout",
-        "the ranks agree on the end of data between calls, in the all-reduce that replaces the SIGTERM broadcast "
-        "(one collective and one host read per step call, as a regular batch costs; one more per epoch), and a "
-        "rank left with batches warns",
+        "the ranks agree on the end of data between calls, in the gradients' all-reduce of the call's backward "
+        "(no collective of its own; a regular batch also meets its peers in the SIGTERM broadcast) or in the "
+        "broadcast's place, and a rank left with batches warns",
         "give every rank the same number of batches",
         (8,),
         ("loops/test_dataloader_iter_ddp.py::test_ranks_stop_at_the_same_step_call_when_one_rank_runs_out_of_data",
-         "conformance/test_c16_collectives.py::test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one"),
+         "loops/test_dataloader_iter_ddp.py::test_a_step_call_meets_its_peers_only_in_the_gradient_all_reduce",
+         "conformance/test_c16_collectives.py::test_a_step_call_meets_its_peers_only_in_the_gradients_all_reduce"),
     ),
     Change(
         "`ThroughputMonitor` counts one batch per step call; `BasePredictionWriter` fails on a `dataloader_iter` step",

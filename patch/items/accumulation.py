@@ -20,7 +20,8 @@ def _step_after_the_call(source: LightningSource) -> None:
     automatic = source.module("loops.optimization.automatic")
     automatic.add_import("from pytorch_lightning.loops.fetchers import _DataLoaderIterDataFetcher")
     automatic.add_import(
-        f"from {UTILITIES} import _average_gradients_over_ranks, _blocks_gradient_sync, _discard_cut_short_call"
+        f"from {UTILITIES} import (_average_gradients_over_ranks, _blocks_gradient_sync, _discard_cut_short_call,"
+        " _first_where_synced)"
     )
     automatic.add_import(f"from {FETCHERS} import _StepCall")
     automatic.insert_in_body(

@@ -64,7 +64,8 @@ FETCHER_PARTS = {
     "common": (prototypes.common, None, {"Design", "takes_dataloader_iter", "refuse_mixed_step_signature",
                                          "StepIterator", "DATALOADER_ITER", "ITERATOR_USED_AFTER_ITS_STEP"}),
     "producer": (prototypes.prefetcher.producer, None, ()),
-    "step_calls": (prototypes.prefetcher.step_calls, None, {"HeldBatches", "RanksVoteBetweenCalls", "VoteSchedule"}),
+    "step_calls": (prototypes.prefetcher.step_calls, None,
+                   {"HeldBatches", "RanksVoteBetweenCalls", "RanksVoteAfterDrainCalls", "VoteSchedule"}),
 }
 # What the loops call at the end of the data and around the optimizer, written into `loops/utilities.py` after its
 # helpers, in this order (as ``FETCHER_PARTS``): the drain calls, and what the optimisation loops do for a step taking
@@ -74,7 +75,8 @@ FETCHER_PARTS = {
 UTILITIES_PARTS = {
     "draining": (prototypes.lightning_changes.draining, None, ()),
     "optimization": (prototypes.lightning_changes.optimization,
-                     {"discard_cut_short_call", "blocks_gradient_sync", "average_gradients_over_ranks"}, ()),
+                     {"discard_cut_short_call", "first_where_synced", "blocks_gradient_sync",
+                      "average_gradients_over_ranks"}, ()),
 }
 # the progress classes count consumed batches themselves once item 1 is in; what is written into Lightning's modules
 # is private there, as Lightning names the fetchers and the loops' helpers

@@ -37,19 +37,22 @@ the collective Lightning already makes there: one all-reduce carries rank 0's SI
 whether every rank's step pulled batches ahead (the drain decision, item 3), whether a rank's look-ahead sees its
 data end within the next call (the accumulation window's gradient sync), and whether each rank continues the
 dataloader: a rank whose step holds batches while a peer still has some drains them beside the peer's regular calls,
-one call each (a pipeline's loading thread may take the last batch a call earlier on one rank than on another). A
-step call costs one collective and one host read, as a batch of the regular flavour does; each epoch adds one, the
-vote after its last call, where each rank of the regular flavour knows its loader's end alone. Unlike a broadcast,
-whose root need not wait, an all-reduce waits for the slowest rank: the vote starts without waiting as the call's
-backward ends and is read after the optimizer step, so its latency overlaps the step. The vote lives in
-the fetcher's record of the step calls (`_EpochStepCalls` in `loops/fetchers.py`).
+one call each (a pipeline's loading thread may take the last batch a call earlier on one rank than on another).
+Where the call's backward all-reduces the gradients (automatic optimisation, no accumulation window skipping the
+sync, no communication hook of the user's on the DDP model), the flags ride in that all-reduce, appended to DDP's
+first bucket by the communication hook `_VoteInGradients` registers: the call meets its peers once, where a batch of
+the regular flavour meets them in the broadcast and in the gradients' all-reduce. Any other call votes in an
+all-reduce of its own where Lightning broadcast, started without waiting as the backward ends and read after the
+optimizer step. Each epoch's first call is preceded by a vote of its own (no backward precedes it). The vote lives
+in the fetcher's record of the step calls (`_EpochStepCalls` in `loops/fetchers.py`).
 """,
     _vote,
     changelog=(
         ("Fixed", (
             "Under DDP, ranks whose `training_step(dataloader_iter)` runs out of data at different step calls"
             " stop at the same call instead of hanging in the gradient all-reduce: the ranks agree on the end"
-            " of data in the collective Lightning already makes before each call"
+            " of data in the gradients' all-reduce of each call's backward, or in place of the SIGTERM broadcast"
+            " before the call"
         )),
     ),
     tests=("loops/test_dataloader_iter_ddp.py",),

@@ -28,7 +28,6 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
     Lightning's closure (step, zero_grad, backward) runs first; then the optimizer steps with the loss already
     computed, or the window stays open. The step call's index in the epoch stands in for ``batch_idx``: windows and
     the optimizer hooks count step calls (C9); a drain call (C17) is a window of its own. ``run`` stays Lightning's.
-
     Under DDP a call inside a window skips the gradient all-reduce, as Lightning's does (``blocks_gradient_sync``);
     a window closed by a call that skipped it is synchronised once when it closes (``close_window``).
     """
@@ -45,12 +44,12 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
 
     def run_step_call(
         self, kwargs: Any, optimizer: torch.optim.Optimizer, call: StepCall, data_ended: Callable[[], bool],
-        backward_ended: Callable[[], None] | None = None,
+        backward_ended: Callable[[], None] | None = None, before_synced_backward: Callable[[], None] | None = None,
     ) -> dict:
-        """One step call, ``call`` its record; ``data_ended()`` says whether it took the epoch's last batch;
-        ``backward_ended()``, where given, starts what it reads (the ranks' vote) to travel while the optimizer steps,
-        not as the step returns: a paired drain call's vote follows its backward, and collectives keep one order on
-        every rank. A drain or declining call (``StepCall.declined``) that computed no loss reaches no optimizer hook.
+        """One step call, ``call`` its record; ``data_ended()`` says whether it took the epoch's last batch. The ranks'
+        vote rides in a backward that syncs (``before_synced_backward()`` runs first), else ``backward_ended()`` starts
+        it after the backward to travel while the optimizer steps (a paired drain call's vote follows its backward:
+        collectives keep one order on every rank). A drain or declining call that computed no loss steps nothing.
 
         A StopIteration from the step propagates (no backward ran): the loop tells the end of the data from a stray
         one, then calls :meth:`close_window`, as Lightning steps on an epoch's final batch even mid-window.
@@ -58,14 +57,15 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         trainer, step_call_idx = self.trainer, call.index - 1
         # a drain call is a window of its own, so it zeroes (Lightning zeroes at multiples of accumulate_grad_batches)
         zero_grad = self._zero_grad_fn_of_a_drain_call if call.drain and not self._skip_backward else None
-        closure = Closure(
-            step_fn=self._make_step_fn(kwargs), backward_fn=self._make_backward_fn(optimizer),
-            zero_grad_fn=(zero_grad or self._make_zero_grad_fn)(step_call_idx, optimizer),
-        )
         # Why accumulate_grad_batches first: without accumulation no call skips the sync and every call closes its
         # window, and asking the strategy and the loop is a chain of calls on every batch
         every_call_closes = trainer.accumulate_grad_batches == 1 or trainer.strategy.handles_gradient_accumulation
         blocked = not every_call_closes and blocks_gradient_sync(trainer, call)
+        closure = Closure(
+            step_fn=self._make_step_fn(kwargs),
+            backward_fn=first_where_synced(before_synced_backward, self._make_backward_fn(optimizer), blocked),
+            zero_grad_fn=(zero_grad or self._make_zero_grad_fn)(step_call_idx, optimizer),
+        )
         if blocked:
             with _block_parallel_sync_behavior(trainer.strategy):
                 closure()
@@ -119,6 +119,23 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
             self._optimizer_zero_grad(batch_idx, optimizer)
 
         return zero_grad_fn
+
+
+# [RFC 8]
+def first_where_synced(
+    before: Callable[[], None] | None, backward_fn: Callable[[torch.Tensor], None] | None, blocked: bool
+) -> Callable[[torch.Tensor], None] | None:
+    """``backward_fn``, calling ``before()`` first where given and the backward all-reduces the gradients under DDP
+    (no accumulation window ``blocked`` it): the step returned its loss, and the ranks' vote rides in that all-reduce
+    (``common.VoteInGradients``). Lightning calls it only with a loss."""
+    if before is None or backward_fn is None or blocked:
+        return backward_fn
+
+    def backward(loss: torch.Tensor) -> None:
+        before()
+        backward_fn(loss)
+
+    return backward
 
 
 # [RFC 5]

@@ -37,6 +37,7 @@ from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
     StepIterator,
+    VoteInGradients,
     end_of_data_vote_needed,
     warn_declined,
 )
@@ -106,6 +107,18 @@ class _StepCallHandOut:
         if call.open and call.fewer_left is not None and call.declined:  # only where `has_batches` answered False
             warn_declined(self.hook_name, self.calls.drop_rest())
         call.open = False
+
+    def before_synced_backward(self) -> None:
+        """The step call returned a loss, and its backward is about to all-reduce the gradients under DDP: the call
+        ends here, and the ranks' vote after it (or after a drain call) rides in that all-reduce
+        (``VoteInGradients``). ``backward_ended`` then finds it started."""
+        calls = self.calls
+        if calls.ranks_vote:
+            self.end_step_call()
+            if calls.call.drain:
+                calls.carry_vote_after_drain_call(calls.carrier)
+            else:
+                calls.start_vote(calls.carrier)
 
     def backward_ended(self) -> None:
         """The step call returned and its backward ended (a ``next()`` until the next call counts toward that one):
@@ -189,6 +202,7 @@ class _LoaderIteratorLifecycle:
             consumed_loader_states=producer.loader_states(),
             take_ahead=self.take_ahead if self.drain_dataloader is None else None,  # training accumulates windows
             drain_rule=self.drain_rule,
+            carrier=VoteInGradients.install(trainer) if self.drain_dataloader is None else None,  # training's
         )
         self._start_producing(producer)
         return self

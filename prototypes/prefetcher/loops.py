@@ -59,6 +59,7 @@ class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):
             output = self.run_step_call(
                 kwargs, optimizer, calls.call, fetcher.data_ended_after_call,
                 fetcher.backward_ended if calls.ranks_vote else None,  # one rank: nothing to start as backward ends
+                fetcher.before_synced_backward if calls.carrier is not None else None,
             )
         except StopIteration:
             fetcher.step_stopped()

@@ -18,6 +18,7 @@ from prototypes.common import (
     RanksVote,
     StepCall,
     StepCalls,
+    VoteInGradients,
     makes_drain_calls,
     start_vote,
     vote,
@@ -69,6 +70,7 @@ class RanksVoteBetweenCalls:
     voted_before_call: int | None  # the step call the ranks last agreed to start
     last_vote: RanksVote | None  # what they agreed then
     unread_vote: Callable[[], RanksVote] | None  # the vote before the next call, started and not yet read
+    carrier: VoteInGradients | None  # where the votes ride in DDP's gradient all-reduce
     take_ahead: Callable[[], Produced | None] | None  # for ``ends_within_the_next_call``; None: no window to close
     drain_rule: str  # when the loop makes drain calls (``common.DRAIN_RULES``)
     dataloader_idx: int | None  # the dataloader of the last batch handed out (None before the first)
@@ -95,8 +97,9 @@ class RanksVoteBetweenCalls:
             head = self.peek()
             return head if self.last_vote.every_rank_has_a_batch else self.every_rank_ended()
 
-    def start_vote(self) -> None:
-        """Start the ranks' vote between two calls where it is due (``peek_on_every_rank`` reads it)."""
+    def start_vote(self, carrier: VoteInGradients | None = None) -> None:
+        """Start the ranks' vote between two calls where it is due (``peek_on_every_rank`` reads it); with a
+        ``carrier``, in the all-reduce of the backward about to run."""
         with self.lock:
             if not (self.ranks_vote and self.vote_due()):
                 return
@@ -108,28 +111,13 @@ class RanksVoteBetweenCalls:
                 self.trainer, head is not None or holds, cut_short=self.call.cut_short,
                 ends_within_the_next_call=in_this_dataloader and self.ends_within_the_next_call(head),
                 pulled_ahead=self.pulled_ahead(), continues_the_dataloader=in_this_dataloader or holds,
+                carrier=carrier,
             )
-
-    def every_rank_ended(self) -> None:
-        """The ranks agreed that one makes no further call: this rank drops what it holds and votes no more."""
-        if self.drop_rest():
-            warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=3)
-        self.ranks_vote = False
 
     def holds_batches(self) -> bool:
         """Whether this rank's step holds batches it pulled ahead that the loop may still drain (``StepCalls.holds``,
         its rule allows it, the last call was whole, no drain yet)."""
         return not (self.drained or self.call.cut_short) and makes_drain_calls(self.drain_rule, True) and self.holds()
-
-    def vote_after_drain_call(self, ended: bool) -> RanksVote:
-        """The ranks' vote after a drain call (``drain``'s): whether every rank makes another call over the dataloader.
-        It pairs with a peer's vote between two regular calls, where the peer's data ended a call later."""
-        head = self.peek()
-        agreed = vote(self.trainer, not ended or head is not None, pulled_ahead=not ended,
-                      continues_the_dataloader=not ended)
-        if not agreed.every_rank_has_a_batch:
-            self.every_rank_ended()
-        return agreed
 
     def ends_within_the_next_call(self, head: Produced) -> bool:
         """Whether this rank's look-ahead sees its data end within the next call, if that call takes as many batches
@@ -155,6 +143,42 @@ class RanksVoteBetweenCalls:
         return makes_drain_calls(self.drain_rule, self.pulled_ahead())
 
 
+class RanksVoteAfterDrainCalls:
+    """The ranks' vote after each drain call (``drain``'s), locked; part of ``EpochStepCalls``."""
+
+    trainer: pl.Trainer
+    carried_drain_vote: Callable[[], RanksVote] | None  # a drain call's vote, riding in its backward's all-reduce
+    peek: Callable[[], Produced | None]
+    every_rank_ended: Callable[[], None]
+
+    def carry_vote_after_drain_call(self, carrier: VoteInGradients) -> None:
+        """A drain call returned a loss, whose backward is about to all-reduce the gradients: it trained a held
+        batch, so it did not end the draining (``vote_after_drain_call``'s ``ended``), and its vote rides in that
+        all-reduce, pairing with a peer's vote between two regular calls that rides in the peer's."""
+        self.carried_drain_vote = start_vote(self.trainer, True, pulled_ahead=True, continues_the_dataloader=True,
+                                             carrier=carrier)
+
+    def every_rank_ended(self) -> None:
+        """The ranks agreed that one makes no further call: this rank drops what it holds and votes no more."""
+        if self.drop_rest():
+            warnings.warn(BATCHES_LEFT_WHEN_A_PEER_ENDED.format(rank=self.trainer.global_rank), stacklevel=3)
+        self.ranks_vote = False
+
+    def vote_after_drain_call(self, ended: bool) -> RanksVote:
+        """The ranks' vote after a drain call (``drain``'s): whether every rank makes another call over the dataloader.
+        It pairs with a peer's vote between two regular calls, where the peer's data ended a call later."""
+        carried, self.carried_drain_vote = self.carried_drain_vote, None
+        if carried is not None:
+            agreed = carried()
+        else:
+            head = self.peek()
+            agreed = vote(self.trainer, not ended or head is not None, pulled_ahead=not ended,
+                          continues_the_dataloader=not ended)
+        if not agreed.every_rank_has_a_batch:
+            self.every_rank_ended()
+        return agreed
+
+
 class VoteSchedule:
     """When the ranks vote between two step calls (``RanksVoteBetweenCalls``); part of ``EpochStepCalls``."""
 
@@ -173,7 +197,7 @@ class VoteSchedule:
         return not (self.call.open or self.call.drain) and self.voted_before_call != self.call.index
 
 
-class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, VoteSchedule, StepCalls):
+class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, RanksVoteAfterDrainCalls, VoteSchedule, StepCalls):
     """The step calls of one loop over the data (an epoch, an evaluation run), made and read on the loop's thread.
 
     ``take()`` brings the next batch from the producer (None at the end); the record keeps it as ``head`` until it is
@@ -187,6 +211,7 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, VoteSchedule, StepCalls
         self, trainer: pl.Trainer, hook_name: str, take: Callable[[], Produced | None], *, exhausted: bool = False,
         ranks_vote: bool = False, consumed_loader_states: list[dict] | None = None,
         take_ahead: Callable[[], Produced | None] | None = None, drain_rule: str = PULLED_AHEAD,
+        carrier: VoteInGradients | None = None,
     ) -> None:
         super().__init__(hook_name)
         self.trainer, self.take = trainer, take
@@ -199,6 +224,8 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, VoteSchedule, StepCalls
         self.voted_before_call: int | None = None
         self.last_vote: RanksVote | None = None
         self.unread_vote: Callable[[], RanksVote] | None = None
+        self.carrier = carrier
+        self.carried_drain_vote: Callable[[], RanksVote] | None = None
         # the batches and their batch_idx a pipeline's thread took between two calls: they count toward the next
         self.taken_between_calls: list[tuple[Any, int]] = []
         self.consumed_loader_states = consumed_loader_states
@@ -245,6 +272,7 @@ class EpochStepCalls(HeldBatches, RanksVoteBetweenCalls, VoteSchedule, StepCalls
         return call
 
     def end(self) -> None:
-        """The loop over the data ended: no call is open, and nothing taken between calls counts any more."""
-        self.call.open, self.taken_between_calls, self.head = False, [], None
+        """The loop over the data ended: no call is open, nothing taken between calls counts any more, and no vote
+        rides in DDP's gradients (the carrier holds the process group, which a Trainer pickled after fit must not)."""
+        self.call.open, self.taken_between_calls, self.head, self.carrier = False, [], None, None
         self.ahead.clear()

@@ -4,10 +4,13 @@ results, and DDP's gradient communication (clause C16's cost tests, ``test_c16_c
 ``CommunicationCount`` is installed in a rank's process (forked by ``tests/conformance/ddp.py``) around one fit. It
 counts every call of ``torch.distributed``'s collectives made while a training epoch runs (between the callback
 hooks ``on_train_epoch_start`` and ``on_train_epoch_end``: setup's broadcasts are not a step call's), every host read
-(``item``, ``tolist``, ``bool``, ``int``, ``float``) of a tensor such a collective filled (on a GPU each is a
-device-to-host synchronisation that waits for the queued work), and every bucket DDP's backward all-reduces (a comm
-hook doing DDP's default all-reduce). Why wrap the module functions: Lightning and the designs call them through the
-``torch.distributed`` module (``dist.all_reduce``), and DDP's reducer, which does not, is counted by its hook.
+(``item``, ``tolist``, ``bool``, ``int``, ``float``) of a tensor such a collective filled or of a view of it (on a
+GPU each is a device-to-host synchronisation that waits for the queued work), and every bucket DDP's backward
+all-reduces (a comm hook doing DDP's default all-reduce). Why wrap the module functions: Lightning and the designs
+call them through the ``torch.distributed`` module (``dist.all_reduce``), and DDP's reducer, which does not, is
+counted by its hook. ``comm_hook=False`` registers none, leaving DDP's hook to the design (a design that carries its
+vote in DDP's gradient all-reduce registers its own, whose ``dist.all_reduce`` of each bucket is counted as a
+collective on a floating-point tensor).
 """
 
 import contextlib
@@ -37,7 +40,8 @@ class CommunicationCount(pl.Callback):
     ``gradient_buckets``: buckets DDP's backward all-reduced (``comm_hook``, registered on the DDP model at fit start).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, comm_hook: bool = True) -> None:
+        self.comm_hook_registered = comm_hook
         self.collectives: Counter[str] = Counter()
         self.gradient_all_reduces = 0
         self.host_reads = 0
@@ -48,7 +52,8 @@ class CommunicationCount(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Why here, not through DDPStrategy(ddp_comm_hook=): Lightning registers that hook on CUDA devices only
-        trainer.strategy.model.register_comm_hook(None, self.comm_hook)
+        if self.comm_hook_registered:
+            trainer.strategy.model.register_comm_hook(None, self.comm_hook)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._in_epoch = True
@@ -104,8 +109,9 @@ class CommunicationCount(pl.Callback):
 
     def _counting_read(self, method: Any) -> Any:
         def read(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            filled = self._filled.get(id(tensor))
-            if self._in_epoch and filled is not None and filled() is tensor:
+            base = tensor._base if tensor._base is not None else tensor
+            filled = self._filled.get(id(base))
+            if self._in_epoch and filled is not None and filled() is base:
                 self.host_reads += 1
             return method(tensor, *args, **kwargs)
 

@@ -677,8 +677,8 @@ def test_transfer_hooks_are_profiled_on_two_prefetch_threads_at_once(profiler_na
 # ------------------------------------------------------------------------------------------ the DDP end-of-data vote
 def _record_votes(directory):
     """Wraps ``torch.distributed.all_reduce`` (the real one still runs) so each call made from the designs' code is
-    recorded with the function that asked for it, one line per call, in a file per rank process: the forked ranks
-    inherit the wrapper."""
+    recorded with the function that asked for it (``gradients`` for DDP's gradient all-reduce a vote rides in), one
+    line per call, in a file per rank process: the forked ranks inherit the wrapper."""
     import os
     import sys
 
@@ -687,10 +687,11 @@ def _record_votes(directory):
     def all_reduce(tensor, *args, **kwargs):
         frame = sys._getframe(1)
         if frame.f_globals.get("__name__", "").startswith("prototypes"):
+            asker = "gradients" if frame.f_code.co_name == "hook" else None  # `VoteInGradients.hook`, in a backward
             while frame.f_globals["__name__"] == "prototypes.common":
                 frame = frame.f_back  # the caller of the vote (`vote`, `start_vote`, `every_rank_has_a_batch`)
             with open(directory / f"all-reduce-{os.getpid()}.txt", "a") as calls:
-                calls.write(f"{frame.f_code.co_name}\n")
+                calls.write(f"{asker or frame.f_code.co_name}\n")
         return real(tensor, *args, **kwargs)
 
     return all_reduce
@@ -704,9 +705,10 @@ def _votes(directory) -> list[list[str]]:
 @pytest.mark.timeout(120)
 def test_ranks_vote_before_every_step_call_whatever_their_loaders(tmp_path, monkeypatch):
     """Under 2-rank gloo DDP every rank votes once at the epoch's start and once after each step call (between the
-    calls, C16: one collective carrying whether the data goes on and whether to drain), loaders behind a
-    DistributedSampler included: equal shards end the ranks together only if their calls take equal numbers of
-    batches, which no rank can see. A simple step pulls nothing ahead, so no drain call follows (C17)."""
+    calls, C16: flags saying whether the data goes on and whether to drain, riding in DDP's gradient all-reduce of
+    the call's backward), loaders behind a DistributedSampler included: equal shards end the ranks together only if
+    their calls take equal numbers of batches, which no rank can see. A simple step pulls nothing ahead, so no drain
+    call follows (C17)."""
     from tests.conformance import ddp
 
     monkeypatch.setattr(torch.distributed, "all_reduce", _record_votes(tmp_path))
@@ -718,5 +720,5 @@ def test_ranks_vote_before_every_step_call_whatever_their_loaders(tmp_path, monk
         assert all(outcome["error"] is None for outcome in outcomes), ddp.summary(run)
         assert outcomes[0]["step_calls"] == outcomes[1]["step_calls"], ddp.summary(run)
         calls.append(outcomes[0]["step_calls"])
-    per_fit = [["start_vote"] * (n + 1) for n in calls]  # the record's: at the epoch's start, then as backwards end
+    per_fit = [["start_vote"] + ["gradients"] * n for n in calls]  # at the epoch's start, then in each backward
     assert _votes(tmp_path) == [sum(per_fit, [])] * ddp.WORLD, _votes(tmp_path)
