@@ -1,28 +1,30 @@
 """S7 a step call under DDP: what a `dataloader_iter` step call costs against a batch of stock's regular flavour.
 
 Under DDP a design that counts batches votes on the end of data between two step calls. The recommended design
-carries the vote in the collective stock Lightning makes there anyway (rank 0's SIGTERM broadcast before every
-batch), so a call should cost what a regular batch costs. Measured on ``WORLD_SIZES`` CPU ranks on gloo (forked
-processes on this machine, as ``tests/conformance/ddp.py`` launches them): every rank alternates, round by round,
-a fit of stock Lightning's regular flavour and a fit of each design's flavour as it ships (one batch per call, the
-S3 step: a Linear layer, batch of 1), and rank 0 times each fit's calls over its steady-state window. The ratio
-per round (the design's time per call over stock's time per batch, both from the same round) gives the median and
-its 95 % interval; the S7 target judges it at 2 ranks. Larger worlds run the recommended design only: with more
-processes than cores each rank waits for the scheduler as much as for its peers, so they show the trend, not the
-cost a cluster would see.
+carries the vote in DDP's gradient all-reduce of the call's backward (``common.VoteInGradients``): a call meets its
+peers once, where stock's regular batch meets them there and in rank 0's SIGTERM broadcast before it. Measured on
+``WORLD_SIZES`` CPU ranks on gloo (forked processes on this machine, as ``tests/conformance/ddp.py`` launches them):
+in each pair of runs two worlds run at once, one fitting stock Lightning's regular flavour and one a design's
+flavour as it ships (one batch per call, the S3 step: a Linear layer, batch of 1); rank r of both worlds shares one
+core, and the worlds take turns call by call (``lockstep_worlds``), so both meet the machine as it is at that
+moment. Rank 0 times each world's calls over its steady-state window. The ratio per pair (the design's time per call
+over stock's time per batch) gives the median and its 95 % interval; the S7 target judges it at 2 ranks. Larger
+worlds run the recommended design only: with more processes than cores each rank waits for the scheduler as much as
+for its peers, so they show the trend, not the cost a cluster would see.
 """
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import socket
 import statistics
 import time
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytorch_lightning as pl
@@ -31,7 +33,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import DataLoader
 
-from benchmarks import entries, intervals, measuring, workloads
+from benchmarks import entries, intervals, lockstep, measuring, workloads
 from harness_common import QUIET
 from prototypes import DESIGNS
 from prototypes.common import Design
@@ -48,23 +50,24 @@ SKIP = 10  # calls before each fit's timed window
 
 
 class TinyStep(pl.LightningModule):
-    """The S3 step: a Linear layer, batch of 1; records when each call starts (rank 0 reads the window)."""
+    """The S3 step: a Linear layer, batch of 1. Each call's start is a receipt of ``lockstep.Turns``, which ends
+    this rank's turn (it reads ``received_at`` and ``produced_off_main``: no batch here comes from a thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, turns: lockstep.Turns) -> None:
         super().__init__()
         self.layer = nn.Linear(8, 1)
-        self.started_at: list[float] = []
+        self.turns = turns
+        self.received_at: list[float] = []
+        self.produced_off_main = 0
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
     def loss(self, batch: torch.Tensor) -> torch.Tensor:
-        self.started_at.append(time.perf_counter())
+        now = time.perf_counter()
+        self.received_at.append(now)
+        self.turns.received(self, now)
         return self.layer(batch).pow(2).mean()
-
-    def per_call_s(self) -> float:
-        timed = self.started_at[SKIP:]
-        return (timed[-1] - timed[0]) / (len(timed) - 1)
 
 
 class RegularTinyStep(TinyStep):
@@ -79,32 +82,60 @@ class IterTinyStep(TinyStep):
 
 
 def _entries(world: int) -> dict[str, Callable[..., pl.Trainer]]:
-    """What a world runs: stock's regular flavour, then each runnable design's shipped flavour (the recommended one
-    only beyond 2 ranks)."""
+    """What a world size runs: stock's regular flavour, then each runnable design's shipped flavour (the
+    recommended one only beyond 2 ranks)."""
     designs = {name: design for name, design in DESIGNS.items() if design.unavailable_reason() is None}
     if world > 2:
         designs = {RECOMMENDED: designs[RECOMMENDED]}
     return {STOCK_REGULAR: pl.Trainer, **{design.id: design.trainer for design in designs.values()}}
 
 
-def _rank(rank: int, world: int, port: int, rounds: int, batches: int, out: str) -> None:
+def _rank(entry: str, rank: int, world: int, port: int, batches: int, turns: tuple, finished: Any, writer: Any,
+          out: str) -> None:
+    """One rank of one world: fits ``entry``'s flavour, taking turns with the same rank of the other world on its
+    core; sends its mean period (seconds per call) or the error."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), NODE_RANK="0",
                       LOCAL_RANK=str(rank), RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
-    data = DataLoader(torch.randn(batches * world, 1, 8), batch_size=None)  # Lightning shards it per rank
-    timings: dict[str, list[float]] = {}
-    runs = _entries(world)
-    for round_index in range(rounds):
-        order = list(runs) if round_index % 2 == 0 else list(reversed(runs))  # ABBA: drift falls on both alike
-        for entry in order:
-            strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
-            trainer = runs[entry](**{**QUIET, "devices": world, "strategy": strategy, "default_root_dir": out})
-            module = RegularTinyStep() if entry == STOCK_REGULAR else IterTinyStep()
-            with workloads.quiet():
-                trainer.fit(module, train_dataloaders=data)
-            timings.setdefault(entry, []).append(module.per_call_s())
-    if rank == 0:
-        (Path(out) / f"rank0-{world}.json").write_text(json.dumps(timings))
+    mine: lockstep.Turns | None = None
+    outcome: tuple[str, Any]
+    try:
+        if hasattr(os, "sched_setaffinity"):
+            cores = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cores[rank % len(cores)]})
+        torch.set_num_threads(1)
+        mine = lockstep.Turns(*turns)
+        data = DataLoader(torch.randn(batches * world, 1, 8), batch_size=None)  # Lightning shards it per rank
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
+        trainer = _entries(world)[entry](**{**QUIET, "devices": world, "strategy": strategy, "default_root_dir": out})
+        module = (RegularTinyStep if entry == STOCK_REGULAR else IterTinyStep)(mine)
+        with workloads.quiet():
+            trainer.fit(module, train_dataloaders=data)
+        if not mine.periods:
+            raise AssertionError(f"rank {rank} of {entry!r} timed no call after the first {SKIP}")
+        outcome = ("ok", statistics.fmean(mine.periods))
+    except BaseException as error:  # noqa: BLE001  (reported to the parent, which raises it)
+        outcome = ("error", f"{entry!r} rank {rank}: " + "".join(traceback.format_exception(error)))
+        turns[3].abort()  # the other world's rank waiting at the window's start fails at once
+        turns[2].ranks_received.abort()  # and so do this world's ranks waiting to hand over
+    finally:
+        finished.set()
+        turns[2].counterpart.release()  # the other world's rank may wait for a turn this one will never give
+    writer.send(outcome)
+    writer.close()
+    os._exit(0)  # Why: a forked child of pytest must not run the parent's exit handlers
+
+
+class _HandOver:
+    """How a rank ends its world's turn (``lockstep.Turns`` calls ``release``): once every rank of its world has
+    received its batch, each releases its counterpart in the other world. Why together: a world whose ranks started
+    their turns apart would count, in the first collective of the call, a skew the other world left."""
+
+    def __init__(self, ranks_received: Any, counterpart: Any) -> None:
+        self.ranks_received, self.counterpart = ranks_received, counterpart
+
+    def release(self) -> None:
+        self.ranks_received.wait(timeout=lockstep.LOCKSTEP_TIMEOUT_S)
+        self.counterpart.release()
 
 
 def _free_port() -> int:
@@ -113,28 +144,50 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure_world(world: int, rounds: int, batches: int, out: Path, deadline_s: float) -> dict[str, list[float]]:
-    """Launch ``world`` ranks, wait for them (killing them at the deadline), return rank 0's seconds per call for
-    each entry, one per round."""
+def lockstep_worlds(first: str, second: str, world: int, batches: int, out: Path, deadline_s: float
+                    ) -> tuple[float, float]:
+    """Two DDP worlds of ``world`` ranks at once, ``first`` and ``second``, rank r of each pinned to the same core
+    and taking turns with the other call by call (``first`` starts); returns rank 0's seconds per call of each.
+
+    Why lockstep: rounds run one after the other drift with the machine by more than the cost S7 judges (a
+    round-to-round spread of tens of percent on this machine); taking turns call by call gives both worlds the same
+    machine at the same moment. A call's period includes its collectives, and so its wait for the peer rank, which
+    takes its turn when its own counterpart hands it over.
+    """
     context = multiprocessing.get_context("fork")
-    port = _free_port()
-    procs = [context.Process(target=_rank, args=(rank, world, port, rounds, batches, str(out)))
-             for rank in range(world)]
+    semaphores = [[context.Semaphore(0) for _ in range(world)] for _ in range(2)]
+    finished = [[context.Event() for _ in range(world)] for _ in range(2)]
+    starts = [context.Barrier(2) for _ in range(world)]
+    received = [context.Barrier(world) for _ in range(2)]
+    procs, readers = [], []
+    for me, entry in enumerate((first, second)):
+        port = _free_port()
+        for rank in range(world):
+            hand_over = _HandOver(received[me], semaphores[1 - me][rank])
+            turns = (SKIP, semaphores[me][rank], hand_over, starts[rank], finished[1 - me][rank], me == 0)
+            reader, writer = context.Pipe(duplex=False)
+            procs.append(context.Process(target=_rank, daemon=True, args=(
+                entry, rank, world, port, batches, turns, finished[me][rank], writer, str(out))))
+            readers.append((reader, writer))
+    outcomes = []
     try:
         for proc in procs:
             proc.start()
         deadline = time.monotonic() + deadline_s
-        for proc in procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
+        for reader, writer in readers:
+            writer.close()
+            waited = reader.poll(max(0.0, deadline - time.monotonic()))
+            outcomes.append(reader.recv() if waited else ("error", f"no result within {deadline_s:.0f} s (a hang?)"))
     finally:
         for proc in procs:
+            proc.join(max(0.0, 10.0))
             if proc.is_alive():
                 proc.kill()
-            proc.join(10)
-    result = out / f"rank0-{world}.json"
-    if not result.exists():
-        raise AssertionError(f"the {world}-rank S7 run reported nothing (exit codes {[p.exitcode for p in procs]})")
-    return json.loads(result.read_text())
+                proc.join(10)
+    errors = [value for kind, value in outcomes if kind == "error"]
+    if errors:
+        raise AssertionError(f"the {world}-rank S7 lockstep failed:\n" + "\n".join(errors))
+    return outcomes[0][1], outcomes[world][1]  # rank 0 of each world
 
 
 @pytest.mark.parametrize("world", WORLD_SIZES)
@@ -143,16 +196,25 @@ def test_s7_step_call_under_ddp(benchmark, bench, tmp_path: Path, world: int) ->
     if world > 2 and not bench.measuring:
         pytest.skip("larger worlds are measured in benchmark mode only; the smoke run launches 2 ranks")
     batches = bench.sizes.s3_batches + SKIP
-    timings = measure_world(world, rounds, batches, tmp_path, deadline_s=60 + 30 * rounds * world)
-    stock = timings.pop(STOCK_REGULAR)
-    assert all(len(per_round) == rounds for per_round in timings.values()), timings
-    measuring.report(benchmark, measuring.Measurement(stock, [measuring.Probe() for _ in stock]))
-    for entry, per_round in timings.items():
+    designs = [entry for entry in _entries(world) if entry != STOCK_REGULAR]
+    stock: dict[str, list[float]] = {entry: [] for entry in designs}
+    calls: dict[str, list[float]] = {entry: [] for entry in designs}
+    for round_index in range(rounds):
+        for entry in designs:  # rounds alternate which world takes the first turn
+            if round_index % 2 == 0:
+                stock_s, call_s = lockstep_worlds(STOCK_REGULAR, entry, world, batches, tmp_path, 120 + 2 * batches)
+            else:
+                call_s, stock_s = lockstep_worlds(entry, STOCK_REGULAR, world, batches, tmp_path, 120 + 2 * batches)
+            stock[entry].append(stock_s)
+            calls[entry].append(call_s)
+    every_stock = [s for per_round in stock.values() for s in per_round]
+    measuring.report(benchmark, measuring.Measurement(every_stock, [measuring.Probe() for _ in every_stock]))
+    for entry, per_round in calls.items():
         design = _design(entry)
-        ratio = intervals.summary([call / batch for call, batch in zip(per_round, stock, strict=True)])
+        ratio = intervals.summary([call / batch for call, batch in zip(per_round, stock[entry], strict=True)])
         row = dict(**entries.design_fields(design), flavour="dataloader_iter", world_size=world, backend="gloo",
                    t_call_us=measuring.rounded(statistics.median(per_round) * 1e6, 1),
-                   t_regular_us=measuring.rounded(statistics.median(stock) * 1e6, 1),
+                   t_regular_us=measuring.rounded(statistics.median(stock[entry]) * 1e6, 1),
                    overhead_vs_regular=ratio["value"], overhead_vs_regular_interval=ratio["interval"],
                    timed_batches=batches - SKIP - 1, rounds=rounds)
         bench.record(benchmark, "S7", row)
