@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import statistics
 import time
 import traceback
@@ -34,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmarks import entries, intervals, lockstep, measuring, workloads
-from harness_common import QUIET
+from harness_common import QUIET, free_ports
 from prototypes import DESIGNS
 from prototypes.common import Design
 
@@ -138,12 +137,6 @@ class _HandOver:
         self.counterpart.release()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def lockstep_worlds(first: str, second: str, world: int, batches: int, out: Path, deadline_s: float
                     ) -> tuple[float, float]:
     """Two DDP worlds of ``world`` ranks at once, ``first`` and ``second``, rank r of each pinned to the same core
@@ -160,8 +153,7 @@ def lockstep_worlds(first: str, second: str, world: int, batches: int, out: Path
     starts = [context.Barrier(2) for _ in range(world)]
     received = [context.Barrier(world) for _ in range(2)]
     procs, readers = [], []
-    for me, entry in enumerate((first, second)):
-        port = _free_port()
+    for (me, entry), port in zip(enumerate((first, second)), free_ports(2), strict=True):
         for rank in range(world):
             hand_over = _HandOver(received[me], semaphores[1 - me][rank])
             turns = (SKIP, semaphores[me][rank], hand_over, starts[rank], finished[1 - me][rank], me == 0)

@@ -23,7 +23,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import torch
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
+from harness_common import free_ports
 from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, collate_items, item
 from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
 from tests.conformance.pipelining import AsyncHandleModule
@@ -220,12 +220,6 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit
 
 
 # --------------------------------------------------------------------------------------------------- the launch
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(design, groups: list[list[tuple]], fit=_fit_on_rank, deadline_s: float = LAUNCH_DEADLINE_S
            ) -> dict[tuple, dict]:
     """Start one process group of ``WORLD`` ranks per entry of ``groups`` (all at once); each group's ranks run its
@@ -237,7 +231,7 @@ def launch(design, groups: list[list[tuple]], fit=_fit_on_rank, deadline_s: floa
     """
     context = multiprocessing.get_context("fork")  # torch and Lightning are imported already: no re-import
     with tempfile.TemporaryDirectory(prefix="c16-") as outdir:
-        ports = [_free_port() for _ in groups]
+        ports = free_ports(len(groups))
         procs = {
             (g, rank): context.Process(target=_rank_main, args=(rank, ports[g], design, runs, outdir, fit))
             for g, runs in enumerate(groups)
