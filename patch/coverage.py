@@ -31,6 +31,7 @@ from patch.lightning_tests import (
     checkout_commit,
     count_outcomes,
     parse_junit,
+    patched_build_series,
     prepare_tree,
     pytest_command,
 )
@@ -40,15 +41,6 @@ TARGET = 0.90
 PACKAGE = "pytorch_lightning"
 
 _PACKAGE_DIR_SCRIPT = "import os, pytorch_lightning; print(os.path.dirname(pytorch_lightning.__file__))"
-# The patched build's series and the digest of the sources it was generated from, or why it is not this checkout's.
-_SERIES_SCRIPT = (
-    "import json\n"
-    "from prototypes.patched import unavailable_reason, installed_series\n"
-    "reason = unavailable_reason()\n"
-    "marker = installed_series()\n"
-    "print(reason or json.dumps(dict(series=marker.SERIES, sources=marker.SOURCES)))\n"
-    "raise SystemExit(1 if reason else 0)\n"
-)
 # Run by the patched interpreter (coverage is installed there): each measured file's statements and those not run.
 _ANALYSIS_SCRIPT = """
 import json, sys, coverage
@@ -139,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="per-test timeout in seconds")
     args = parser.parse_args(argv)
 
-    series = subprocess.run([args.patched_python, "-c", _SERIES_SCRIPT], capture_output=True, text=True)
-    if series.returncode != 0:
-        print(series.stdout.strip() or series.stderr.strip(), file=sys.stderr)
+    series = patched_build_series(args.patched_python)
+    if isinstance(series, str):
+        print(series, file=sys.stderr)
         return 2
     packages = {label: Path(subprocess.run([python, "-c", _PACKAGE_DIR_SCRIPT], capture_output=True, text=True,
                                            check=True).stdout.strip())
@@ -156,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = [str(packages["patched"] / relative) for relative in added]
         analysis = json.loads(subprocess.run([args.patched_python, "-c", _ANALYSIS_SCRIPT, str(data_file),
                                               json.dumps(paths)], capture_output=True, text=True, check=True).stdout)
-    report = dict(schema=1, **json.loads(series.stdout), setup=code_revision(),
+    report = dict(schema=1, **series, setup=code_revision(),
                   checkout=dict(path=str(args.checkout), commit=checkout_commit(args.checkout, args.commit)),
                   tests=counts, **judge(added, analysis, packages["patched"], sources))
     args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

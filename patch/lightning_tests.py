@@ -467,11 +467,35 @@ def rerun_report(args: argparse.Namespace, interpreters: dict[str, str]) -> int:
     return 1 if stale or unclassified else 0
 
 
+# The patched build's series and the digest of the sources it was generated from, or why it is not this checkout's.
+_SERIES_SCRIPT = (
+    "import json\n"
+    "from prototypes.patched import unavailable_reason, installed_series\n"
+    "reason = unavailable_reason()\n"
+    "marker = installed_series()\n"
+    "print(reason or json.dumps(dict(series=marker.SERIES, sources=marker.SOURCES)))\n"
+    "raise SystemExit(1 if reason else 0)\n"
+)
+
+
+def patched_build_series(python: Path) -> dict[str, str] | str:
+    """``{"series", "sources"}`` of the patched build ``python`` runs, or why it is not of this checkout's sources."""
+    series = subprocess.run([python, "-c", _SERIES_SCRIPT], capture_output=True, text=True)
+    if series.returncode != 0:
+        return series.stdout.strip() or series.stderr.strip()
+    return json.loads(series.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     interpreters = {"stock": args.python}
     if args.patched_python:
         interpreters["patched"] = args.patched_python
+        # Why first: a record of the tests names the series the patched build carried, which must be this checkout's
+        series = patched_build_series(args.patched_python)
+        if isinstance(series, str):
+            print(series, file=sys.stderr)
+            return 2
     if args.rerun_differences:
         return rerun_report(args, interpreters)
     if args.install_test_requirements:
@@ -482,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkout": {"path": str(args.checkout), "commit": checkout_commit(args.checkout, args.commit)},
         "selection": args.select,
         "per_test_timeout_s": args.timeout,
+        **(series if args.patched_python else {}),
         "runs": {},
     }
     runs = {}

@@ -4,7 +4,7 @@ the batches the step consumes.
 The fetcher, what it is built from (the producer, the record of a loop's step calls) and what the loops share with it
 (the record of a step call, the batch transfer, the ranks' vote) are the recommended design's own modules, written
 into ``loops/fetchers.py`` by ``patch.transplant``; the drain calls and the optimisation loops' helpers are written
-among the loops' helpers in ``loops/utilities.py``, beside ``_block_parallel_sync_behavior``. No module is added:
+at the end of the loops' helpers in ``loops/utilities.py`` (``UTILITIES_PARTS``). No module is added:
 each definition is private in the module it is written into, as Lightning names its fetchers and its loops' helpers.
 The loops choose the fetcher where they chose Lightning's ``_DataLoaderIterDataFetcher``. The fetcher and the step's
 iterator are written as one class each (``FLATTENED``): the prototype cuts them into mixins to keep each class on a
@@ -87,15 +87,13 @@ NAMES = {"CountsConsumed": "_Progress", "FetcherStepIterator": "_DataLoaderIter"
          "common.DRAIN_RULES": "_DRAIN_RULES",
          **{name: f"_{name}" for module, keep, drop in (*FETCHER_PARTS.values(), *UTILITIES_PARTS.values())
             for name in top_level_names(module, keep=keep, drop=drop) if not name.startswith("_")}}
-# What one module alone uses is written into it, not beside what the others use: module -> (the name, its
-# definition, the definition it goes before, the import it needs there or None)
+# What one module alone uses is written into it, not beside what the others use: module -> (the definition, the
+# definition it goes before, the import it needs there or None)
 WRITTEN_INTO_ITS_USER = {
-    "loops.fetchers": ("_loader_state_reader",
-                       definition_source(prototypes.lightning_changes.fit_loop.loader_state_reader,
+    "loops.fetchers": (definition_source(prototypes.lightning_changes.fit_loop.loader_state_reader,
                                          name="_loader_state_reader"),
                        "_BatchProducer", "from lightning_fabric.utilities.types import _Stateful"),
-    "loops.utilities": ("_CALL_CUT_SHORT",
-                        renamed(assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"), NAMES),
+    "loops.utilities": (renamed(assignment_source(prototypes.batches_per_call, "CALL_CUT_SHORT"), NAMES),
                         "_discard_cut_short_call", None),
 }
 # The prototype's classes written as one class each where Lightning's reader meets them (``class_source``).
@@ -162,11 +160,7 @@ def _write_parts(module: ModuleSource, parts: dict, itself: str, before: str | N
                              replacements=FLATTENED.get(name, {}))
         imports, body = imports_and_body(text)
         _add_imports(module, imports, itself)
-        body = _BANNER.sub("", body)
-        if before is None:
-            module.insert(body)
-        else:
-            module.insert(body, before=before)
+        module.insert(_BANNER.sub("", body), before=before)
 
 
 def _add_imports(module: ModuleSource, lines: Iterable[str], itself: str) -> None:
@@ -221,7 +215,7 @@ def _look_ahead(source: LightningSource) -> None:
     # their annotations (`X | None`) need it on Python 3.9, as the fetcher's do
     utilities.add_import("from __future__ import annotations")
     _write_parts(utilities, UTILITIES_PARTS, UTILITIES)
-    for dotted, (_, definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
+    for dotted, (definition, before, needs) in WRITTEN_INTO_ITS_USER.items():
         module = source.module(dotted)
         module.insert(definition, before=before)
         if needs is not None:

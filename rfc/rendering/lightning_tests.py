@@ -43,12 +43,18 @@ def _summary(results: dict[str, Any]) -> str:
              for kind in ("deliberate", "regression", "not repeated", "unclassified")}
     return (
         f"Lightning's own tests (`tests/tests_pytorch` at commit {code(str(checkout.get('commit', ''))[:12])}, "
-        f"directories {selection}) ran {results['tests_run']} tests on stock pytorch-lightning; "
+        f"directories {selection}) ran {results['tests_run']} tests on stock pytorch-lightning{_series(results)}; "
         f"**{results.get('passed_on_both', 0)} passed on both** builds and **{len(differences)} differ**: "
         f"{kinds['deliberate']} deliberate (the specification changes what they assert), "
         f"{kinds['regression']} regressions, {kinds['not repeated']} not repeated when run again on both builds,"
         f" {kinds['unclassified']} not yet classified. {_limits(results)}"
     )
+
+
+def _series(results: dict[str, Any]) -> str:
+    """Which patch series the patched build carried, where the record says (older records do not)."""
+    series = results.get("series")
+    return f" and on the patched build of series {code(series.removeprefix('sha256:')[:12])}" if series else ""
 
 
 def _limits(results: dict[str, Any]) -> str:
