@@ -321,7 +321,8 @@ def block_bench_notes(inputs: Inputs, page_dir: Path) -> str:
 # The model that carries S7's per-call cost to large worlds. Assumptions, stated where the block renders them:
 # NCCL reduces a message this small with a tree, so a collective costs per-hop latency times its passes over the
 # tree's depth (log2 of the ranks); a broadcast makes one pass (down), an all-reduce two (up, then down); the payload
-# (one int against four) adds nothing measurable at that size; the host read after it costs what stock's does.
+# (one int against a few, six more elements in a bucket) adds nothing measurable at that size; the host read after
+# it costs what stock's does.
 MODEL_WORLDS = (64, 256, 1024, 4096)
 MODEL_HOP_LATENCY_US = (5.0, 10.0)  # assumed per-hop latency of a small NCCL message, low and high
 
@@ -346,20 +347,25 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
         parts.append(f"Measured ({code('benchmarks-' + kind + '.json')}, S7, gloo on this machine's cores):\n\n"
                      + measured)
     low, high = MODEL_HOP_LATENCY_US
-    model = [[str(world), str(int(math.log2(world))),
-              f"{math.log2(world) * low:.0f} to {math.log2(world) * high:.0f}",
-              f"{2 * math.log2(world) * low:.0f} to {2 * math.log2(world) * high:.0f}"] for world in MODEL_WORLDS]
+
+    model = [[str(world), str(int(math.log2(world))), f"{math.log2(world) * low:.0f} to {math.log2(world) * high:.0f}"]
+             for world in MODEL_WORLDS]
     parts.append(
-        "The model for larger worlds on NCCL, per step call: the same number of collectives and host reads as stock"
-        " Lightning's regular flavour, but an all-reduce where stock broadcasts. Assumed: NCCL reduces a message this"
-        " small with a tree, so a collective costs the per-hop latency times its passes over the tree's depth"
-        " (log2 of the ranks; one pass for a broadcast, two for an all-reduce); the payload (a few flags against one)"
-        f" adds nothing measurable; a small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
-        " NVLink, or per switch hop over InfiniBand). So a step call puts one extra pass, log2(ranks) hops, on the"
-        " wire beside stock's regular flavour, while its optimizer step runs (the vote starts as the backward's"
-        " gradient all-reduce ends and is read after the optimizer step): it shows in the call's time only where"
-        " that step takes less. Each epoch adds one more vote, two passes, read at once. The gloo points above,"
-        " with more processes than cores beyond 2 ranks, show the form, not NCCL's magnitude.\n\n"
-        + table(["ranks", "tree depth", "extra µs on the wire per step call", "µs per epoch (the last vote)"], model,
-                ["--:", "--:", "--:", "--:"]))
+        "The model for larger worlds on NCCL, per step call, against a batch of stock Lightning's regular flavour,"
+        " which meets its peers twice: rank 0's SIGTERM broadcast before the batch and the gradients' all-reduce. A"
+        " call whose backward all-reduces the gradients (no accumulation window skips the sync, automatic"
+        " optimisation, no communication hook of the user's on the DDP model) carries the vote in that all-reduce"
+        " and makes no collective of its own: stock's broadcast is saved, and the first bucket (at most DDP's 1 MiB"
+        " first-bucket cap unless one parameter is larger) is copied once to append six flags. Any other call votes"
+        " in an all-reduce of its own where stock broadcasts. Assumed: NCCL reduces a message this small with a tree,"
+        " so a collective costs the per-hop latency times its passes over the tree's depth (log2 of the ranks; one"
+        " pass for a broadcast, two for an all-reduce); six more elements in a bucket, and a few flags against one,"
+        f" add nothing measurable; a small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
+        " NVLink, or per switch hop over InfiniBand). So, in passes over the tree (below, in µs): a call carrying the"
+        " vote saves one (stock's broadcast); a call voting on its own puts one more on the wire, while its optimizer"
+        " step runs (the vote starts as the backward ends and is read after the optimizer step); each epoch adds one"
+        " (the vote before its first call, which no backward precedes, where stock broadcasts), and two more where"
+        " the loop drains (the vote after the drain call that found nothing). The gloo points above, with more"
+        " processes than cores beyond 2 ranks, show the form, not NCCL's magnitude.\n\n"
+        + table(["ranks", "tree depth", "one pass (µs)"], model, ["--:", "--:", "--:"]))
     return "\n\n".join(parts)

@@ -14,20 +14,22 @@ from rendering.markdown import code, no_results, table
 from rendering.results import CONFORMANCE_COMMAND, Inputs
 
 COUNT_TEST = "test_c16_collectives.py::test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one"
+# the same steps with DDP's communication hook left to the design, which may carry its vote in the gradients' all-reduce
+CARRIED_TEST = "test_c16_collectives.py::test_a_step_call_meets_its_peers_only_in_the_gradients_all_reduce"
 STEPS = {"1-per-call": "one batch per call", "2-per-call": "two batches per call",
          "async-handle": "Lightning's async-handle pattern (pulls ahead)"}
 
 
-def counted_runs(data: dict[str, Any], design: str) -> dict[str, dict[str, list[int]]]:
-    """``{step: measured counts}`` of the count test's runs for what ``design`` ships (its registered options), or
-    its first variant where that did not run."""
+def counted_runs(data: dict[str, Any], design: str, test: str = COUNT_TEST) -> dict[str, dict[str, list[int]]]:
+    """``{step: measured counts}`` of ``test``'s runs for what ``design`` ships (its registered options), or its
+    first variant where that did not run."""
     _, _, _, design_of, variants = conformance_parts(data)
     shipped = DESIGNS[design].id
     variant = shipped if shipped in variants else next((v for v in variants if design_of[v] == design), None)
     runs = {}
     for r in data["results"]:
-        test, _, step = r["test_id"].partition("[")
-        if test == COUNT_TEST and (r.get("variant") or r["design"]) == variant and r.get("measured"):
+        test_id, _, step = r["test_id"].partition("[")
+        if test_id == test and (r.get("variant") or r["design"]) == variant and r.get("measured"):
             runs[step.rstrip("]")] = r["measured"]
     return runs
 
@@ -45,7 +47,7 @@ def block_ddp_counts(inputs: Inputs, page_dir: Path) -> str:
     if not runs:
         return f"The results file holds no counts of {code(COUNT_TEST)} for {code(RECOMMENDED)}."
     rows, beyond = [], set()
-    for step, m in sorted(runs.items(), key=lambda kv: list(STEPS).index(kv[0]) if kv[0] in STEPS else len(STEPS)):
+    for step, m in _in_step_order(runs):
         beyond.update(t - c for t, c in zip(m["total"], m["calls"], strict=True))
         rows.append([STEPS.get(step, step), _per_rank(m["calls"]), _per_rank(m["drain_calls"]), _per_rank(m["total"]),
                      _per_rank(m["host_reads"]), _per_rank(m["stock_batches"]), _per_rank(m["stock_total"]),
@@ -60,4 +62,26 @@ def block_ddp_counts(inputs: Inputs, page_dir: Path) -> str:
                  "stock: collectives", "stock: host reads"], rows)
         + f"\n\nBeyond one collective and one host read per step call: {extra} per epoch (the vote after the last "
         "call, where the ranks agree that the data ended)."
+        + _carried(data)
+    )
+
+
+def _in_step_order(runs: dict[str, dict[str, list[int]]]) -> list[tuple[str, dict[str, list[int]]]]:
+    return sorted(runs.items(), key=lambda kv: list(STEPS).index(kv[0]) if kv[0] in STEPS else len(STEPS))
+
+
+def _carried(data: dict[str, Any]) -> str:
+    """The same steps where the counting leaves DDP's communication hook to the design: the collectives besides the
+    gradients' all-reduces (stock's regular flavour makes one per batch, its SIGTERM broadcast)."""
+    runs = counted_runs(data, RECOMMENDED, CARRIED_TEST)
+    if not runs:
+        return f"\n\nThe results file holds no counts of {code(CARRIED_TEST)} for {code(RECOMMENDED)}."
+    rows = [[STEPS.get(step, step), _per_rank(m["calls"]), _per_rank(m["drain_calls"]),
+             _per_rank(m["own_collectives"]), _per_rank(m["host_reads"])] for step, m in _in_step_order(runs)]
+    return (
+        f"\n\nThe same steps with no communication hook of the counting's own on the DDP model ({code(CARRIED_TEST)}),"
+        " so that the vote rides in the gradients' all-reduce where a call's backward makes one; stock's regular"
+        " flavour makes one collective besides the gradients' per batch (the SIGTERM broadcast):\n\n"
+        + table(["step", "step calls", "of them drain calls", "collectives besides the gradients'", "host reads"],
+                rows)
     )
