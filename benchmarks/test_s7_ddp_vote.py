@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmarks import entries, intervals, lockstep, measuring, workloads
-from harness_common import QUIET, free_ports
+from harness_common import QUIET, rendezvous
 from prototypes import DESIGNS
 from prototypes.common import Design
 
@@ -46,6 +46,7 @@ WORLD_SIZES = (2, 4, 8)
 RECOMMENDED = "prefetcher"  # the design the larger worlds run (the RFC's recommendation)
 STOCK_REGULAR = "stock regular"
 SKIP = 10  # calls before each fit's timed window
+PG_TIMEOUT_S = 120  # a collective blocked this long raises on its rank (eight ranks share two cores)
 
 
 class TinyStep(pl.LightningModule):
@@ -93,8 +94,6 @@ def _rank(entry: str, rank: int, world: int, port: int, batches: int, turns: tup
           out: str) -> None:
     """One rank of one world: fits ``entry``'s flavour, taking turns with the same rank of the other world on its
     core; sends its mean period (seconds per call) or the error."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), NODE_RANK="0",
-                      LOCAL_RANK=str(rank), RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
     mine: lockstep.Turns | None = None
     outcome: tuple[str, Any]
     try:
@@ -102,9 +101,10 @@ def _rank(entry: str, rank: int, world: int, port: int, batches: int, turns: tup
             cores = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {cores[rank % len(cores)]})
         torch.set_num_threads(1)
+        rendezvous.join(port, rank, world, PG_TIMEOUT_S)
         mine = lockstep.Turns(*turns)
         data = DataLoader(torch.randn(batches * world, 1, 8), batch_size=None)  # Lightning shards it per rank
-        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=120))
+        strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         trainer = _entries(world)[entry](**{**QUIET, "devices": world, "strategy": strategy, "default_root_dir": out})
         module = (RegularTinyStep if entry == STOCK_REGULAR else IterTinyStep)(mine)
         with workloads.quiet():
@@ -152,30 +152,32 @@ def lockstep_worlds(first: str, second: str, world: int, batches: int, out: Path
     finished = [[context.Event() for _ in range(world)] for _ in range(2)]
     starts = [context.Barrier(2) for _ in range(world)]
     received = [context.Barrier(world) for _ in range(2)]
-    procs, readers = [], []
-    for (me, entry), port in zip(enumerate((first, second)), free_ports(2), strict=True):
-        for rank in range(world):
-            hand_over = _HandOver(received[me], semaphores[1 - me][rank])
-            turns = (SKIP, semaphores[me][rank], hand_over, starts[rank], finished[1 - me][rank], me == 0)
-            reader, writer = context.Pipe(duplex=False)
-            procs.append(context.Process(target=_rank, daemon=True, args=(
-                entry, rank, world, port, batches, turns, finished[me][rank], writer, str(out))))
-            readers.append((reader, writer))
-    outcomes = []
-    try:
-        for proc in procs:
-            proc.start()
-        deadline = time.monotonic() + deadline_s
-        for reader, writer in readers:
-            writer.close()
-            waited = reader.poll(max(0.0, deadline - time.monotonic()))
-            outcomes.append(reader.recv() if waited else ("error", f"no result within {deadline_s:.0f} s (a hang?)"))
-    finally:
-        for proc in procs:
-            proc.join(max(0.0, 10.0))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(10)
+    with rendezvous.stores(2) as ports:  # listening before any rank starts, until every rank is gone
+        procs, readers = [], []
+        for (me, entry), port in zip(enumerate((first, second)), ports, strict=True):
+            for rank in range(world):
+                hand_over = _HandOver(received[me], semaphores[1 - me][rank])
+                turns = (SKIP, semaphores[me][rank], hand_over, starts[rank], finished[1 - me][rank], me == 0)
+                reader, writer = context.Pipe(duplex=False)
+                procs.append(context.Process(target=_rank, daemon=True, args=(
+                    entry, rank, world, port, batches, turns, finished[me][rank], writer, str(out))))
+                readers.append((reader, writer))
+        outcomes = []
+        try:
+            for proc in procs:
+                proc.start()
+            deadline = time.monotonic() + deadline_s
+            for reader, writer in readers:
+                writer.close()
+                waited = reader.poll(max(0.0, deadline - time.monotonic()))
+                hung = ("error", f"no result within {deadline_s:.0f} s (a hang?)")
+                outcomes.append(reader.recv() if waited else hung)
+        finally:
+            for proc in procs:
+                proc.join(max(0.0, 10.0))
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(10)
     errors = [value for kind, value in outcomes if kind == "error"]
     if errors:
         raise AssertionError(f"the {world}-rank S7 lockstep failed:\n" + "\n".join(errors))

@@ -7,6 +7,8 @@
 - **The ratio rule**: ``RATIO_TOLERANCE``, how far a measured L/C or M/C may sit from its nominal value before a
   benchmark point is not judged (the benchmarks judge by it, the RFC flags by it).
 - **The quiet Trainer**: ``QUIET``, the Trainer defaults every test and benchmark builds its Trainers with.
+- **The rendezvous** (``harness_common.rendezvous``): the store a local launch of DDP ranks listens on before any
+  rank starts, and how a rank joins it.
 - **The terminal** (``harness_common.terminal``): lines of marked-up text fitted to a width, written at the end of a
   run (the conformance matrix, the benchmarks' verdicts).
 
@@ -257,16 +259,3 @@ def conformance_setup() -> dict[str, Any]:
     setup = dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
     marker = installed_series()
     return setup if marker is None else {**setup, "patch_series": marker.SERIES}
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct local ports free now, for the process groups a launch starts at once. Why held open
-    together while picked: a port released before the next is picked can be handed out again, and two worlds on
-    one port fail (EADDRINUSE) or join each other."""
-    import socket
-
-    with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for bound in sockets:
-            bound.bind(("127.0.0.1", 0))
-        return [bound.getsockname()[1] for bound in sockets]

@@ -6,7 +6,10 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import harness_common
+from tests.conformance.ddp import TEST_TIMEOUT_S, WORLD, launch
 
 
 def _git(root: Path, *args: str) -> None:
@@ -28,3 +31,27 @@ def test_the_code_counts_as_changed_only_outside_the_results_and_rendered_pages(
     assert harness_common.code_revision(tmp_path) == {"git_commit": head, "git_dirty": False}
     (tmp_path / "prototypes/design.py").write_text("changed\n")
     assert harness_common.code_revision(tmp_path) == {"git_commit": head, "git_dirty": True}
+
+
+WORLDS_AT_ONCE = 12
+
+
+def _meet_peers(design, rank: int, kind: str, pattern: tuple[int]) -> dict:
+    """One rank of a launch test: the world indices its process group's ranks hold, gathered over that group."""
+    import torch
+    import torch.distributed as dist
+
+    gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, torch.tensor([float(pattern[0])]))
+    return dict(error=None, worlds=[int(value.item()) for value in gathered])
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_many_two_rank_worlds_launched_at_once_each_meet_only_their_own_ranks() -> None:
+    # Each world's store listens before its ranks start, so no world can lose its port to another's connections.
+    runs = [("world", (index,)) for index in range(WORLDS_AT_ONCE)]
+    launched = launch(None, [[run] for run in runs], fit=_meet_peers)
+    for run in runs:
+        outcome = launched[run]
+        assert outcome["exitcodes"] == [0] * WORLD, outcome["output"]
+        assert [rank["worlds"] for rank in outcome["ranks"]] == [[run[1][0]] * WORLD] * WORLD

@@ -2,7 +2,8 @@
 
 How a run is launched. The test starts the two ranks itself, as ``torchrun`` or SLURM would: two processes
 (forked from the test process, which has torch and Lightning imported already, so a launch costs no re-import),
-each with ``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_*`` set, each building its own Trainer through the design with
+each joining its world's process group on a store the launcher listens on (``harness_common.rendezvous``)
+and with ``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_*`` set, each building its own Trainer through the design with
 ``accelerator="cpu", devices=2, strategy=DDPStrategy(process_group_backend="gloo")``. Lightning sees that the
 processes were created externally and starts none of its own. Compared with ``strategy="ddp_spawn"`` this lets
 every rank report its own outcome (what it received, its counters and weights, the exception it raised) as JSON in
@@ -37,7 +38,7 @@ import torch
 from pytorch_lightning.strategies import DDPStrategy
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
-from harness_common import free_ports
+from harness_common import rendezvous
 from tests.conformance.harness import BATCH_SIZE, FEATURES, LR, QUIET, IterStepModule, SizedItems, collate_items, item
 from tests.conformance.pipeline_parallel import MICRO_BATCHES, PIPELINE_ITEMS, PipelineStageModule
 from tests.conformance.pipelining import AsyncHandleModule
@@ -189,10 +190,6 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit
     # collection in the rank walks (and so copies, page by page) that inherited heap. Late in a full run C19's
     # two-stage Megatron launch took over 30 s this way, 3 s when run alone.
     gc.freeze()
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD), NODE_RANK="0",
-        LOCAL_RANK=str(rank), RANK=str(rank), GLOO_SOCKET_IFNAME="lo",
-    )
     # the injected sampler's seed is PL_GLOBAL_SEED (0 when unset): a seed_everything() elsewhere in this pytest
     # process must not change the shard the test expects
     os.environ.pop("PL_GLOBAL_SEED", None)
@@ -207,6 +204,7 @@ def _rank_main(rank: int, port: int, design, runs: list[tuple], outdir: str, fit
         os.dup2(output.fileno(), fd)
     sys.stdout = sys.stderr = output  # pytest's capture replaced them in the test process
     faulthandler.enable(file=output, all_threads=True)
+    rendezvous.join(port, rank, WORLD, PG_TIMEOUT_S)
     for run in runs:
         outcome = fit(design, rank, *run)
         path = _result_path(outdir, run, rank)
@@ -230,8 +228,7 @@ def launch(design, groups: list[list[tuple]], fit=_fit_on_rank, deadline_s: floa
     rank process is gone when this returns or raises (pytest-timeout's exception included).
     """
     context = multiprocessing.get_context("fork")  # torch and Lightning are imported already: no re-import
-    with tempfile.TemporaryDirectory(prefix="c16-") as outdir:
-        ports = free_ports(len(groups))
+    with tempfile.TemporaryDirectory(prefix="c16-") as outdir, rendezvous.stores(len(groups)) as ports:
         procs = {
             (g, rank): context.Process(target=_rank_main, args=(rank, ports[g], design, runs, outdir, fit))
             for g, runs in enumerate(groups)

@@ -98,7 +98,7 @@ def cpu_pipeline_schedule(schedule: Any) -> Any:
 
 # --------------------------------------------------------------------------------------------------- parallel state
 def pipeline_parallel_state(rank: int, timeout_s: float) -> None:
-    """The rank's gloo process group (``MASTER_*`` set by the launcher) and megatron's parallel state with a
+    """The rank's gloo process group (the launcher's, where it started one) and megatron's parallel state with a
     pipeline-parallel size of ``STAGES``, once per process: every fit of the process reuses them (Lightning's DDP
     strategy keeps a process group it finds)."""
     if not dist.is_initialized():
