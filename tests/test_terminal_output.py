@@ -15,6 +15,7 @@ import pytorch_lightning as pl
 
 import harness_common
 from harness_common.terminal import FAILED, plain, render_matrix
+from tests.conformance import plugin
 from tests.conformance.plugin import CLAUSES
 from tests.test_harness import SUITE, registered, run_suite
 
@@ -138,3 +139,33 @@ def test_a_warning_the_suite_did_not_expect_still_reaches_the_summary(pytester):
                             targets=(str(SUITE / "test_c02_items.py"),))
     outcome.assert_outcomes(passed=2, warnings=2)
     outcome.stdout.fnmatch_lines(["*warnings summary*", "*UserWarning: the toy design warns where the suite expects*"])
+
+
+@pytest.mark.timeout(300)
+def test_a_run_shows_each_clause_as_it_starts_and_a_long_ones_heartbeat(pytester, monkeypatch):
+    monkeypatch.setattr(plugin._Progress, "HEARTBEAT_S", 0)  # every test after a clause's first is a heartbeat
+    c5 = next(SUITE.glob("test_c05_*.py"))
+    selected = "test_batch_idx_restarts or test_stop_iteration_in_step_runs_epoch_end"
+    outcome = run_suite(pytester, "--design", "upstream", "-k", selected,
+                        targets=(str(SUITE / "test_c02_items.py"), str(c5)))
+    lines = outcome.stdout.lines
+    clause_lines = [line for line in lines if re.match(r"\[\d+/\d+ \d+:\d\d\] C\d+ \w", line)]
+    total = outcome.parseoutcomes().get("passed", 0) + outcome.parseoutcomes().get("xfailed", 0)
+    assert clause_lines[0].startswith(f"[0/{total} 0:00] C2 Items: 2 tests; upstream"), lines
+    assert any(re.match(rf"\[2/{total} \d+:\d\d\] C5 End of data: \d+ tests; upstream", line) for line in lines)
+    words = " ".join(outcome.stdout.str().split())
+    assert f"[1/{total} " in words and "C2 running upstream: test_c02_items.py::test_batch_idx_restarts" in words
+    assert max(len(line) for line in lines if re.match(r"\[\d+/\d+ |           \S", line)) <= 100
+
+    quiet = run_suite(pytester, "-q", "--design", "upstream", "-k", "test_batch_idx_restarts",
+                      targets=(str(SUITE / "test_c02_items.py"),))
+    assert not [line for line in quiet.stdout.lines if re.match(r"\[\d+/\d+ ", line)]
+
+
+def test_outcomes_follow_the_registrys_order_of_designs_and_variants():
+    designs = harness_common.select_designs(None)
+    state = plugin._State(designs)
+    for position, design in enumerate(reversed(designs)):  # reported in the reverse order, and by name
+        state.tests[f"t{position}"] = dict(design=design.name, variant=design.id, test_id="t.py::t", clause="C2")
+        state.outcomes[f"t{position}"] = "passed"
+    assert [result["variant"] for result in plugin.outcomes(state)] == [design.id for design in designs]

@@ -12,6 +12,8 @@
   (``<file>::<test>[<params>]``) it fails (format: ``expected_failure_files.py``); ``--expected-failures DIR`` is
   searched first (where a design outside this repository keeps its file). Entries become strict xfails; an id that
   matches no collected test is an error, and so is a listed test that passes.
+- While the run goes on, a line when a clause starts (its tests and designs) and one a minute within it (the design
+  and test running), each with the tests done of all selected and the time elapsed; none under ``-q``.
 - At the end, a clause x design matrix of passed / expected-fail / failed tests, at most 100 columns wide
   (``harness_common.terminal``); none when no conformance test ran. ``--results PATH`` writes the outcomes as JSON.
 """
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import json
 import platform
+import textwrap
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -27,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 import harness_common
-from harness_common.terminal import write_matrix
+from harness_common.terminal import MAX_WIDTH, fit, write_matrix
 from prototypes.common import Design
 from tests.conformance.expected_failure_files import expected_failures_path, load_expected_failures
 
@@ -80,6 +84,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="a directory of <design>.txt expected-failure files, searched before the suite's own",
     )
     group.addoption("--results", default=None, metavar="PATH", help="write the conformance outcomes as JSON")
+    group.addoption(
+        "--record-duration", default=None, metavar="PATH",
+        help="record this run's command and wall-clock time in PATH (JSON; the README's durations come from it)",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ selection
@@ -103,7 +111,10 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     state = _State(designs=select_designs(config.getoption("design")), extra_dir=extra_dir)
     config.stash[_STATE] = state
+    config.stash[_STARTED] = time.monotonic()
     config.pluginmanager.register(state, "conformance-outcomes")
+    if config.get_verbosity() >= 0:
+        config.pluginmanager.register(_Progress(state), "conformance-progress")
 
 
 # The libraries whose versions decide what the suite observes, as the run's header names them.
@@ -215,13 +226,73 @@ class _State:
 
 
 _STATE = pytest.StashKey[_State]()
+_STARTED = pytest.StashKey[float]()
+
+
+class _Progress:
+    """Progress lines: which clause and design run, how many of the selected tests are done, the time elapsed.
+
+    Why lines and not a live status line: a CI log has no terminal to redraw one in. Why not a line per design and
+    clause: a clause's tests take each design in turn, test by test, so such lines would repeat all run long.
+    """
+
+    HEARTBEAT_S = 60
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.reporter = None
+        self.selected: list[str] = []  # the conformance tests left after -k and -m, in run order
+        self.done = 0
+        self.clause: str | None = None
+        self.started = self.last_line = time.monotonic()
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        self.selected = [item.nodeid for item in session.items if item.nodeid in self.state.tests]
+        self.started = self.last_line = time.monotonic()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
+        test = self.state.tests.get(nodeid)
+        if test is None or self.reporter is None:
+            return
+        if test["clause"] != self.clause:
+            self.clause = test["clause"]
+            in_clause = [self.state.tests[n] for n in self.selected if self.state.tests[n]["clause"] == self.clause]
+            designs = ", ".join(f"{d} ({n} variants)" if n > 1 else d for d, n in self._variants(in_clause).items())
+            self._line(f"{self.clause} {CLAUSES.get(self.clause, '')}: {len(in_clause)} tests; {designs}")
+        elif time.monotonic() - self.last_line >= self.HEARTBEAT_S:
+            self._line(f"{self.clause} running {test['variant']}: {test['test_id']}")  # a long clause's heartbeat
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple) -> None:
+        self.done += nodeid in self.state.tests
+
+    @staticmethod
+    def _variants(tests: list[dict]) -> dict[str, int]:
+        """Per design, in run order, how many of its variants ``tests`` cover."""
+        seen: dict[str, set[str]] = {}
+        for test in tests:
+            seen.setdefault(test["design"], set()).add(test["variant"])
+        return {design: len(variants) for design, variants in seen.items()}
+
+    def _line(self, text: str) -> None:
+        self.last_line = time.monotonic()
+        minutes, seconds = divmod(int(self.last_line - self.started), 60)
+        width = min(MAX_WIDTH, self.reporter._tw.fullwidth)
+        self.reporter.ensure_newline()
+        prefix = f"[{self.done}/{len(self.selected)} {minutes}:{seconds:02}] "
+        for line in textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
+                                  break_on_hyphens=False, break_long_words=False):
+            self.reporter.write_line(fit(line, width))
 
 
 def outcomes(state: _State) -> list[dict]:
-    """Each conformance test that reported an outcome: what it is (design, variant, clause, ...) and its outcome."""
+    """Each conformance test that reported an outcome: what it is (design, variant, clause, ...) and its outcome, in
+    the selection's order of variants (the registry's, unless ``--design`` names another)."""
+    order = {design.id: position for position, design in enumerate(state.designs)}
     return [
         dict(test, outcome=state.outcomes[nodeid])
-        for nodeid, test in sorted(state.tests.items(), key=lambda kv: (kv[1]["variant"], kv[1]["test_id"]))
+        for nodeid, test in sorted(state.tests.items(), key=lambda kv: (order[kv[1]["variant"]], kv[1]["test_id"]))
         if nodeid in state.outcomes
     ]
 
@@ -233,6 +304,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if results_path:
         write_results(Path(results_path), state)
         terminalreporter.write_line(f"conformance results written to {results_path}")
+    durations_path = config.getoption("--record-duration")
+    if durations_path:
+        record_duration(Path(durations_path), config, exitstatus)
+        terminalreporter.write_line(f"duration recorded in {durations_path}")
+
+
+def record_duration(path: Path, config: pytest.Config, exitstatus: int) -> None:
+    """Add this run to ``path``: its command (without this option), wall-clock seconds, exit status and machine."""
+    args, skip = [], False
+    for arg in config.invocation_params.args:
+        if skip or arg.startswith("--record-duration"):
+            skip = arg == "--record-duration"
+            continue
+        args.append(arg)
+    recorded = json.loads(path.read_text()) if path.exists() else {"schema": 1, "runs": {}}
+    recorded["runs"][" ".join(["pytest", *args])] = dict(
+        seconds=round(time.monotonic() - config.stash[_STARTED], 1), exit_status=int(exitstatus),
+        setup=harness_common.conformance_setup(),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recorded, indent=1) + "\n")
 
 
 def write_results(path: Path, state: _State) -> None:
