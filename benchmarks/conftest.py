@@ -5,10 +5,10 @@
   and no timing is asserted.
 - ``pytest --benchmark-only`` (or ``--benchmark-enable``): full sizes, warm-up plus measured rounds, medians, the
   promised figures asserted with noise margins, a verdict per target at the end (``summary.py``; pytest-benchmark's
-  tables with ``--benchmark-tables``), and at session end ``rfc/results/benchmarks-<kind>.json``
-  (``<kind>`` is ``BENCHMARKS_MACHINE_KIND``, default ``python``). A run that did not cover S1-S4 and S6 (for example
-  ``-k S1``) writes ``.benchmarks/benchmarks-<kind>.partial.json`` instead, so it never clobbers a full result;
-  ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
+  tables with ``--benchmark-tables``), and at session end ``rfc/results/benchmarks-<machine>.json``, named for the
+  machine it describes (``harness_common.machine_file_name()``: ``benchmarks-x86_64-linux-2cpu.json``). A run that
+  did not cover S1-S4 and S6 (for example ``-k S1``) writes ``.benchmarks/benchmarks-<machine>.partial.json``
+  instead, so it never clobbers a full result; ``BENCHMARKS_RESULTS=path`` overrides where the file goes.
 - Every registered design is measured, and so is each design from outside this repository that ``--design`` names
   (``--design package.module:ATTR`` or an installed entry point; see the conformance plugin).
 """

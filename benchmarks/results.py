@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,12 +12,12 @@ from typing import Any
 from benchmarks.measuring import Interleaved
 from benchmarks.targets import evaluate_targets
 from benchmarks.workloads import TORCH_THREADS
-from harness_common import REPO_ROOT, cpu_model, provenance, version
+from harness_common import REPO_ROOT, cpu_model, machine_file_name, machine_label, provenance, version
 from prototypes import DESIGNS
 
 RESULTS_DIR = REPO_ROOT / "rfc" / "results"
 PARTIAL_DIR = REPO_ROOT / ".benchmarks"  # git-ignored: results of runs that did not cover every CPU scenario
-MACHINE_KIND = os.environ.get("BENCHMARKS_MACHINE_KIND", "python")
+MACHINE_KIND = machine_file_name()  # the results file is named for the machine it describes
 SCHEMA = 1
 CPU_SCENARIOS = ("S1", "S2", "S3", "S4", "S6", "S7")  # what `pytest --benchmark-only` measures; S5 needs a GPU
 
@@ -26,8 +25,8 @@ CPU_SCENARIOS = ("S1", "S2", "S3", "S4", "S6", "S7")  # what `pytest --benchmark
 def setup_info() -> dict[str, Any]:
     """Machine, versions and commit: the ``setup`` block of the results file and every benchmark's extra_info."""
     return {
-        "machine": f"{MACHINE_KIND}: {cpu_model()}, {os.cpu_count()} logical cores,"
-        f" {platform.system()} {platform.machine()}",
+        "machine": machine_label(),
+        "cpu": cpu_model(),
         "machine_kind": MACHINE_KIND,
         "cpu_count": os.cpu_count() or 0,
         "torch_threads": TORCH_THREADS,

@@ -1,5 +1,6 @@
 """The verdict summary that ends ``pytest --benchmark-only`` (``summary.py``), rendered from the committed
-``rfc/results/benchmarks-python.json`` as it is and with the intervals and verdicts of the results schema added."""
+``rfc/results/benchmarks-x86_64-linux-2cpu.json`` as it is and with the intervals and verdicts of the results schema
+added."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from harness_common.terminal import plain
 
 pytest_plugins = ["pytester"]
 
-COMMITTED_PATH = RESULTS_DIR / "benchmarks-python.json"
+COMMITTED_PATH = RESULTS_DIR / "benchmarks-x86_64-linux-2cpu.json"
 COMMITTED = json.loads(COMMITTED_PATH.read_text())
 VERDICTS = ("met", "missed", "inconclusive", "not judged")
 

@@ -242,6 +242,23 @@ def cpu_model() -> str:
     return platform.processor() or "unknown cpu"
 
 
+def _machine() -> tuple[str, str, int]:
+    """What names the machine a results file describes: architecture, operating system, CPUs."""
+    return platform.machine(), platform.system(), os.cpu_count() or 0
+
+
+def machine_label() -> str:
+    """The machine as every results file's ``setup`` names it: ``x86_64 Linux, 2 CPUs``."""
+    architecture, system, cpus = _machine()
+    return f"{architecture} {system}, {cpus} CPUs"
+
+
+def machine_file_name() -> str:
+    """The same machine in a file name: ``x86_64-linux-2cpu`` (``rfc/results/benchmarks-x86_64-linux-2cpu.json``)."""
+    architecture, system, cpus = _machine()
+    return re.sub(r"[^a-z0-9_]+", "-", f"{architecture} {system} {cpus}cpu".lower())
+
+
 def provenance() -> dict[str, Any]:
     """Python and library versions, the code revision and the time: the part of ``setup`` every results file has."""
     return {
@@ -256,6 +273,6 @@ def provenance() -> dict[str, Any]:
 
 def conformance_setup() -> dict[str, Any]:
     """The ``setup`` of a conformance or defect-catalogue results file: the machine, then ``provenance()``."""
-    setup = dict(machine=f"{platform.machine()} {platform.system()}, {os.cpu_count()} CPUs", **provenance())
+    setup = dict(machine=machine_label(), **provenance())
     marker = installed_series()
     return setup if marker is None else {**setup, "patch_series": marker.SERIES}

@@ -8,10 +8,11 @@ What it writes:
 
 * ``rfc/generated/matrix.md``: the conformance matrix (design x clause: passed, or a count linked to the
   reasons), every expected failure grouped by clause and reason, and every unexpected outcome.
-* ``rfc/generated/benchmarks.md``: per machine kind (one ``benchmarks-<kind>.json`` each) the targets and the
-  tables of scenarios S1-S5 (and any other scenario the file holds), the run notes, plus a plot of efficiency
-  against L/C per design
-  (``rfc/generated/efficiency-vs-ratio-<kind>.png``).
+* ``rfc/generated/benchmarks.md``: per machine (one ``benchmarks-<machine>.json`` each) the targets and the
+  tables of scenarios S1-S7 (and any other scenario the file holds), the run notes, and the plots
+  (``rfc/generated/<plot>-<machine>.png``), each with the JSON that describes what it draws beside it
+  (``<plot>-<machine>.json``: every series' label, colour, marker and the series it stands for; see
+  ``rendering/plot_series.py``).
 * Blocks inside hand-written pages (any ``*.md`` under ``rfc/`` outside ``generated/`` and ``results/``)::
 
       <!-- BEGIN GENERATED: standing -->
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {p}", file=sys.stderr)
             print(f"fix: run `{command}` and commit the result", file=sys.stderr)
             return 1
-        print(f"render --check: {len(the_plan.texts)} pages and {len(the_plan.plots)} plots up to date")
+        print(f"render --check: {len(the_plan.texts)} pages and plot descriptions, and {len(the_plan.plots)} plots "
+              "up to date")
         return 0
 
     written = write(inputs, the_plan)

@@ -45,9 +45,15 @@ def _load_render():
 render = _load_render()
 
 
+# A benchmark results file is named for the machine its setup names (harness_common.machine_file_name)
+MACHINE = "x86_64 Linux, 2 CPUs"
+BENCHMARKS_FILE = "benchmarks-x86_64-linux-2cpu.json"
+PLOT = "efficiency-vs-ratio-x86_64-linux-2cpu.png"
+
+
 def _setup(**extra):
     return {
-        "machine": "test-machine", "python": "3.11", "torch": "2.x", "pytorch_lightning": "2.6.x",
+        "machine": MACHINE, "python": "3.11", "torch": "2.x", "pytorch_lightning": "2.6.x",
         "torchdata": "0.x", "git_commit": "feedface" * 5, "generated_at": "2000-01-01T00:00:00+00:00", **extra,
     }
 
@@ -102,7 +108,7 @@ def rfc(tmp_path: Path) -> Path:
 
 
 def write_results(root: Path, conf: dict | None, bench: dict | None) -> None:
-    for name, data in (("conformance.json", conf), ("benchmarks-python.json", bench)):
+    for name, data in (("conformance.json", conf), (BENCHMARKS_FILE, bench)):
         path = root / "results" / name
         if data is None:
             path.unlink(missing_ok=True)
@@ -124,10 +130,10 @@ def test_render_then_check_passes_and_hand_written_text_is_kept(rfc):
     assert page.startswith("# A hand-written page\n\nText before the block stays exactly as written.\n\n")
     assert page.endswith("\n\nText after the block stays too.\n")
     assert "anything in here is replaced" not in page
-    assert "machine `test-machine`" in page and "commit `feedfacefeed`" in page  # the setup line
+    assert f"machine `{MACHINE}`" in page and "commit `feedfacefeed`" in page  # the setup line
     assert (rfc / "generated" / "matrix.md").is_file()
     assert (rfc / "generated" / "benchmarks.md").is_file()
-    assert (rfc / "generated" / "efficiency-vs-ratio-python.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (rfc / "generated" / PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     check = run(rfc, "--check")
     assert check.returncode == 0, check.stderr
     again = run(rfc)
@@ -147,6 +153,35 @@ def test_matrix_marks_each_clause_and_links_every_expected_failure_to_its_reason
     assert "No failures, errors, unexpected passes or skips." in matrix
     anchors = set(re.findall(r"\{#([\w-]+)\}", matrix))
     assert set(re.findall(r"\(matrix\.md#([\w-]+) ", matrix)) <= anchors  # every cell's link lands on its reasons
+
+
+def test_pages_list_designs_and_variants_in_the_registrys_order_not_the_files(rfc):
+    # the results file lists designs and variants by name, as the conformance run writes them
+    variants = {"batch_processor": ["batch_processor"], "callback": ["callback"],
+                "prefetcher": ["prefetcher[depth='auto']", "prefetcher[depth=0]", "prefetcher[depth=2]"],
+                "upstream": ["upstream"]}
+    results = [dict(design=design, variant=variant, clause="C1", outcome="passed", reason="",
+                    test_id="test_c1.py::test_0") for design, mine in variants.items() for variant in mine]
+    conf = {**conformance(), "designs": {design: {"summary": design} for design in variants}, "results": results}
+    write_results(rfc, conf, benchmarks())
+    assert run(rfc).returncode == 0
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    rows = [line.split(" | ")[0] for line in matrix.splitlines() if line.startswith("| `")]
+    # upstream, prefetcher (what it ships, then its suite variants), batch_processor, callback: as the terminal
+    assert rows == ["| `upstream`", "| `prefetcher`<br><small>depth=0, depth='auto', depth=2</small>",
+                    "| `batch_processor`", "| `callback`"]
+
+
+def test_red_marks_real_failures_only(rfc):
+    assert run(rfc).returncode == 0
+    matrix = (rfc / "generated" / "matrix.md").read_text()
+    assert "[✗1](matrix.md#xf-alpha-c1 " in matrix and "matrix-failure" not in matrix  # an expected failure: plain
+    write_results(rfc, conformance(outcome_of_last="failed"), benchmarks())
+    assert run(rfc).returncode == 0
+    assert "{ .matrix-failure }" in (rfc / "generated" / "matrix.md").read_text()
+    css = (Path(__file__).resolve().parent.parent / "docs" / "css" / "extra.css").read_text()
+    assert "td a.matrix-failure { color: var(--matrix-fail-color); }" in css
+    assert "td a { color" not in css  # no other link in the matrix is red
 
 
 def test_matrix_headers_link_to_the_specifications_clauses(rfc):
@@ -208,7 +243,7 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
     before_matrix = (rfc / "generated" / "matrix.md").read_text()
     before_bench = (rfc / "generated" / "benchmarks.md").read_text()
     before_page = (rfc / "page.md").read_text()
-    png = rfc / "generated" / "efficiency-vs-ratio-python.png"
+    png = rfc / "generated" / PLOT
     png_before = png.read_bytes()
 
     write_results(rfc, conformance(outcome_of_last="failed"), benchmarks(beta_efficiency=0.5))
@@ -221,7 +256,8 @@ def test_a_changed_result_changes_the_tables_and_check_fails_until_rerendered(rf
     assert run(rfc).returncode == 0
     matrix = (rfc / "generated" / "matrix.md").read_text()
     assert matrix != before_matrix
-    failed = '**[!1](matrix.md#failures-beta "1 of {} failed, errored or passed unexpectedly")**'
+    # a failure's count is the one mark in red (the CSS class), as F<n> is in the terminal
+    failed = '**[!1](matrix.md#failures-beta "1 of {} failed, errored or passed unexpectedly"){{ .matrix-failure }}**'
     assert "| `beta[depth=0]` | ✓ | ✓ | ✓ | ✓ 6 |" in matrix
     assert f"| `beta[depth=2]` | ✓ | ✓ | {failed.format(2)} | {failed.format(6)} of 6 |" in matrix
     assert "### `beta`: 1 {#failures-beta}" in matrix
@@ -240,16 +276,16 @@ def test_check_catches_a_hand_edited_table_and_a_missing_plot(rfc):
     check = run(rfc, "--check")
     assert check.returncode == 1 and "page.md: differs" in check.stderr
     run(rfc)
-    (rfc / "generated" / "efficiency-vs-ratio-python.png").unlink()
+    (rfc / "generated" / PLOT).unlink()
     check = run(rfc, "--check")
-    assert check.returncode == 1 and "efficiency-vs-ratio-python.png: missing" in check.stderr
+    assert check.returncode == 1 and f"{PLOT}: missing" in check.stderr
     run(rfc)
     assert run(rfc, "--check").returncode == 0
 
 
 def test_unchanged_plot_data_never_redraws_the_png(rfc):
     run(rfc)
-    png = rfc / "generated" / "efficiency-vs-ratio-python.png"
+    png = rfc / "generated" / PLOT
     png.write_bytes(b"\x89PNG\r\n\x1a\n not what this matplotlib draws")  # bytes from another version: fine
     stamp = png.stat().st_mtime_ns
     bench = benchmarks()
@@ -280,9 +316,9 @@ def test_a_results_file_that_goes_away_leaves_a_stale_plot_that_check_reports(rf
     run(rfc)
     write_results(rfc, conformance(), None)
     check = run(rfc, "--check")
-    assert check.returncode == 1 and "efficiency-vs-ratio-python.png: no results file renders it" in check.stderr
+    assert check.returncode == 1 and f"{PLOT}: no results file renders it" in check.stderr
     run(rfc)
-    assert not (rfc / "generated" / "efficiency-vs-ratio-python.png").exists()
+    assert not (rfc / "generated" / PLOT).exists()
 
 
 def test_bad_input_is_an_error_not_a_traceback(rfc):
@@ -373,7 +409,7 @@ def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(r
             f" more than 10 %) | not judged ({reason}) |") in text
     details = text.split("<details><summary>Measured L, C")[1].split("</details>")[0]
     assert "`baseline:regular` *(baseline)*" in details and "9.00" in details  # baselines and raw-loop figures
-    assert text.count("*Setup (benchmarks-python.json):*") == 1  # one setup line for the page
+    assert text.count(f"*Setup ({BENCHMARKS_FILE}):*") == 1  # one setup line for the page
 
 
 def test_the_thread_decision_is_read_off_the_verdicts(rfc):
@@ -690,7 +726,9 @@ def test_the_stack_tests_block_counts_those_that_show_their_change_and_lists_the
     text = (rfc / "page.md").read_text()
     assert "2 tests in 1 modules, of which **1 fail on stock pytorch-lightning" in text
     assert "1 tests in 2 parametrisations, of which **2 pass with the stack** and 1 fail on stock" in text
-    assert "| `loops.test_dataloader_iter_fetcher::test_done` | passed | passed |" in text
+    # a long test id in a table may wrap between its words only (<wbr>), never inside one
+    assert ("| <code>loops.<wbr>test&#95;<wbr>dataloader&#95;<wbr>iter&#95;<wbr>fetcher::<wbr>test&#95;<wbr>done</code>"
+            " | passed | passed |") in text
     assert "test_opt[True]" not in text  # a parametrisation the change leaves alone, passing on both
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rendering.markdown import bench_setup, cell, code, fmt_number, is_number, is_scalar, no_results, table
+from rendering.registry_order import registry_key
 from rendering.results import BENCHMARK_COMMAND, Inputs
 from rendering.targets import row_verdicts, targets_table, with_interval
 
@@ -149,6 +150,23 @@ def l_over_c(row: dict[str, Any]) -> float | None:
     return None
 
 
+ROLE_ORDER = {"baseline": 0, "alternative": 1}  # then the designs
+
+
+def in_registry_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A scenario's rows point by point (in the file's order of points), each point's baselines and alternatives as
+    the file lists them, then its design entries in the registry's order."""
+    points = list(dict.fromkeys(str(r.get("point")) for r in rows))
+
+    def key(indexed: tuple[int, dict[str, Any]]) -> tuple[Any, ...]:
+        index, row = indexed
+        role = ROLE_ORDER.get(str(row.get("role")), len(ROLE_ORDER))
+        within = index if role < len(ROLE_ORDER) else registry_key(str(row.get("design", "")))
+        return points.index(str(row.get("point"))), role, within
+
+    return [row for _, row in sorted(enumerate(rows), key=key)]
+
+
 def _design_cell(row: dict[str, Any]) -> str:
     text = code(row.get("design", "?"))
     role = ROLE_NOTE.get(str(row.get("role")))
@@ -209,7 +227,7 @@ def details(summary: str, *tables: str) -> str:
 
 
 def scenario_tables(data: dict[str, Any], scenario: str) -> str:
-    rows = data["scenarios"].get(scenario) or []
+    rows = in_registry_order(data["scenarios"].get(scenario) or [])
     targets = data.get("targets") or {}
     layout = LAYOUTS.get(scenario)
     if layout is None:
@@ -333,7 +351,8 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
         return no_results("benchmark results", BENCHMARK_COMMAND)
     parts = []
     for kind, data in inputs.benchmarks.items():
-        rows = [r for r in data["scenarios"].get("S7") or [] if r.get("world_size") and r.get("t_call_us")]
+        rows = [r for r in in_registry_order(data["scenarios"].get("S7") or [])
+                if r.get("world_size") and r.get("t_call_us")]
         if not rows:
             parts.append(f"No S7 step-call rows in {code('benchmarks-' + kind + '.json')}.")
             continue

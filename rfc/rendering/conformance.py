@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from rendering.markdown import cell, code, conformance_setup, no_results, relative_link, slugify, table
+from rendering.registry_order import registry_key
 from rendering.results import CONFORMANCE_COMMAND, FAIL, OUTCOME_KIND, PASS, SKIP, XFAIL, Inputs
 
 MATRIX_PAGE = "matrix.md"  # the generated page (in the output directory) that holds the matrix and the reasons
+# The class of a matrix cell's failure count: the site's CSS marks it red, the one thing red means there (as F<n>
+# in the terminal); expected failures and skips are ordinary links.
+FAILURE_CLASS = "matrix-failure"
 
 
 def clause_key(clause: str) -> tuple[int, str]:
@@ -30,14 +34,10 @@ def conformance_parts(data: dict[str, Any]):
         kind = OUTCOME_KIND.get(r.get("outcome", ""), FAIL)
         counts[variant][clause][kind] += 1
     ordered_clauses = sorted(clauses, key=clause_key)
-    design_order = list(dict.fromkeys([*(data.get("designs") or {}), *design_of.values()]))
-    variants = sorted(design_of, key=lambda v: (design_order.index(design_of[v]), variant_sort_key(v)))
+    # the registry's order, whatever order the results file lists designs in; one the registry lacks after it
+    design_order = sorted(dict.fromkeys([*(data.get("designs") or {}), *design_of.values()]), key=registry_key)
+    variants = sorted(design_of, key=lambda v: (design_order.index(design_of[v]), registry_key(v)))
     return clauses, ordered_clauses, counts, design_of, variants
-
-
-def variant_sort_key(variant: str) -> list[Any]:
-    # natural sort: name[depth=2] before name[depth=10]
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", variant)]
 
 
 def clause_anchors(specification: Path) -> dict[str, str]:
@@ -81,7 +81,8 @@ def _matrix_cell(k: Counter, reasons: str, failures: str) -> str:
         return "–"
     parts = [] if k[FAIL] or k[XFAIL] else ["✓"]
     if k[FAIL]:
-        parts.append(f'**[!{k[FAIL]}]({failures} "{k[FAIL]} of {ran} failed, errored or passed unexpectedly")**')
+        parts.append(f'**[!{k[FAIL]}]({failures} "{k[FAIL]} of {ran} failed, errored or passed unexpectedly")'
+                     f'{{ .{FAILURE_CLASS} }}**')
     if k[XFAIL]:
         parts.append(f'[✗{k[XFAIL]}]({reasons} "{k[XFAIL]} of {ran} are expected failures: their reasons")')
     if k[SKIP]:
@@ -120,7 +121,8 @@ def block_matrix(inputs: Inputs, page_dir: Path) -> str:
         rows.append(row)
     legend = (
         "✓: every test of the clause passed. ✗*n*: *n* tests are expected failures of the design; the link leads "
-        "to their reasons. **!*n***: *n* tests failed, errored or passed unexpectedly. s*n*: *n* skipped. –: no "
+        "to their reasons. **!*n***, in red: *n* tests failed, errored or passed unexpectedly (red marks nothing "
+        "else). s*n*: *n* skipped. –: no "
         "test of the clause ran. *All*: every clause together, out of the tests the design ran. A row stands for "
         "each variant it names (they have the same outcomes); a cell's tooltip gives its counts."
     )
@@ -144,7 +146,7 @@ def _outcome_groups(data: dict[str, Any], kinds: set[str]):
 
 def _only_in(variants: list[str], all_variants: list[str]) -> str:
     """`` (in `a`, `b`)`` when a test's outcome holds for some of its design's variants, else nothing."""
-    variants = sorted(set(variants), key=variant_sort_key)
+    variants = sorted(set(variants), key=registry_key)
     if set(variants) == set(all_variants):
         return ""
     return " (in " + ", ".join(code(v) for v in variants) + ")"
@@ -229,7 +231,7 @@ def block_designs(inputs: Inputs, page_dir: Path) -> str:
         return no_results("conformance results", CONFORMANCE_COMMAND)
     summaries = {k: (v or {}).get("summary", "") for k, v in (data.get("designs") or {}).items()}
     _, _, _, design_of, variants = conformance_parts(data)
-    names = list(dict.fromkeys([*summaries, *design_of.values()]))
+    names = sorted(dict.fromkeys([*summaries, *design_of.values()]), key=registry_key)
     if not names:
         return conformance_setup(data) + "\n\nNo designs in the results file."
     rows = []

@@ -45,6 +45,34 @@ def table(headers: list[str], rows: Iterable[list[str]], align: list[str] | None
     return "\n".join(lines)
 
 
+# A long identifier in a table cell (a test id, a path) may wrap after its separators, between its words; the site's
+# CSS breaks no identifier inside a word, so a design's id stays whole and a table of test ids still fits the page.
+LONG_IDENTIFIER = 24  # characters: as long as a design's id with its options, `prefetcher[depth='auto']`
+_SEPARATORS_RE = re.compile(r"[:/._\-\[\]()',=]+")
+_AS_ENTITY = {c: f"&#{ord(c)};" for c in "&<>\"'|*_`[]\\"}  # what Markdown or a table would read inside the HTML
+
+
+def _wrappable_code(text: str) -> str:
+    """``text`` as an HTML code element with a line break opportunity (``<wbr>``) after each run of separators."""
+    pieces, last = [], 0
+    for m in _SEPARATORS_RE.finditer(text):
+        pieces.append(text[last:m.end()])
+        last = m.end()
+    pieces.append(text[last:])
+    escaped = ["".join(_AS_ENTITY.get(c, c) for c in piece) for piece in pieces if piece]
+    return "<code>" + "<wbr>".join(escaped) + "</code>"
+
+
+def wrappable_tables(text: str) -> str:
+    """``text`` with each long identifier in a table row's code spans made wrappable between its words."""
+    def span(m: re.Match) -> str:
+        body = m.group(2)
+        long = any(len(word) > LONG_IDENTIFIER for word in body.split())
+        return _wrappable_code(body) if m.group(1) == "`" and long else m.group(0)
+
+    return "\n".join(_CODE_SPAN_RE.sub(span, line) if line.startswith("|") else line for line in text.split("\n"))
+
+
 def slugify(heading: str) -> str:
     """The anchor Python-Markdown's ``toc`` gives a heading: ``C3 Exactly once`` -> ``c3-exactly-once``."""
     text = re.sub(r"[`*]", "", heading)

@@ -32,7 +32,7 @@ from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.drain_rules import DRAIN_BLOCKS
 from rendering.lightning_tests import block_lightning_stack_tests, block_lightning_tests, block_patch_coverage
-from rendering.markdown import display_path, once_per_page
+from rendering.markdown import display_path, once_per_page, wrappable_tables
 from rendering.patch_series import block_patch_cost, block_patch_migration, block_patch_series
 from rendering.pipelines import block_real_pipelines
 from rendering.plots import PLOTS, Plot, plot_block
@@ -104,7 +104,7 @@ def _wrap(name: str, content: str, command: str) -> str:
         return f"<!-- BEGIN GENERATED: {name} -->{content}<!-- END GENERATED: {name} -->"
     return (
         f"<!-- BEGIN GENERATED: {name} -->\n{GENERATED_NOTE.format(cmd=command)}\n\n"
-        f"{content.rstrip()}\n\n<!-- END GENERATED: {name} -->"
+        f"{wrappable_tables(content.rstrip())}\n\n<!-- END GENERATED: {name} -->"
     )
 
 
@@ -150,8 +150,8 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
     ]
     benchmarks = page(
         "Benchmarks",
-        "Medians from `pytest --benchmark-only`, one results file per machine kind "
-        "(`rfc/results/benchmarks-<kind>.json`; how each figure is measured: `benchmarks/README.md`). With load "
+        "Medians from `pytest --benchmark-only`, one results file per machine, named for it "
+        "(`rfc/results/benchmarks-<machine>.json`; how each figure is measured: `benchmarks/README.md`). With load "
         "time L and step time C per batch, the serial time is T_serial (stock Lightning's regular flavour) and "
         "the ideal is T_ideal = max(L, C), where C is stock Lightning's own loop over batches already in memory "
         "(the same step, L = 0): what any design could at best reach. Efficiency is "
@@ -205,7 +205,7 @@ class Plan:
     """Everything a render would write: text files and plots (with their data hashes)."""
 
     texts: dict[Path, str]
-    plots: dict[Path, tuple[Plot, dict[str, Any], str]]  # png path -> (plot, data, sha256)
+    plots: dict[Path, tuple[Plot, str, dict[str, Any], str]]  # png path -> (plot, machine kind, data, sha256)
     obsolete: list[Path]
 
 
@@ -224,13 +224,15 @@ def plan(inputs: Inputs) -> Plan:
             new = fill_blocks(old, inputs, page.parent, page)
             texts[page] = new
     plots = {
-        inputs.out_dir / plot.file(kind): (plot, data, plot.hash(data))
+        inputs.out_dir / plot.file(kind): (plot, kind, data, plot.hash(data))
         for plot in PLOTS.values()
         for kind, data in inputs.benchmarks.items()
         if plot.points(data)
     }
-    obsolete = [p for plot in PLOTS.values() for p in sorted(inputs.out_dir.glob(f"{plot.stem}-*.png"))
-                if p not in plots]
+    for plot, kind, data, _ in plots.values():  # what each PNG draws, beside it (rendering.plot_series)
+        texts[inputs.out_dir / plot.sidecar(kind)] = plot.sidecar_text(data, kind)
+    obsolete = [p for plot in PLOTS.values() for pattern in (plot.file("*"), plot.sidecar("*"))
+                for p in sorted(inputs.out_dir.glob(pattern)) if p not in plots and p not in texts]
     return Plan(texts=texts, plots=plots, obsolete=obsolete)
 
 
@@ -252,13 +254,13 @@ def stale(inputs: Inputs, the_plan: Plan) -> list[str]:
         elif path.read_text(encoding="utf-8") != text:
             problems.append(f"{display_path(path)}: differs from what the results render")
     recorded = _recorded_hashes(the_plan.texts)  # the committed pages' record of what each PNG shows
-    for png, (_, _, digest) in the_plan.plots.items():
+    for png, (_, _, _, digest) in the_plan.plots.items():
         if not png.is_file():
             problems.append(f"{display_path(png)}: missing")
         elif digest not in recorded.get(png.name, set()):
             problems.append(f"{display_path(png)}: drawn from other data than the results hold")
-    for png in the_plan.obsolete:
-        problems.append(f"{display_path(png)}: no results file renders it any more")
+    for path in the_plan.obsolete:
+        problems.append(f"{display_path(path)}: no results file renders it any more")
     return problems
 
 
@@ -266,16 +268,16 @@ def write(inputs: Inputs, the_plan: Plan) -> list[Path]:
     """Write what changed; a PNG is redrawn only when the data hash its pages record differs or it is missing."""
     recorded = _recorded_hashes(the_plan.texts)  # read before the pages are rewritten
     written = []
-    for png, (plot, data, digest) in the_plan.plots.items():
+    for png, (plot, kind, data, digest) in the_plan.plots.items():
         if not png.is_file() or digest not in recorded.get(png.name, set()):
-            plot.render(data, png)
+            plot.render(data, kind, png)
             written.append(png)
     for path, text in the_plan.texts.items():
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             written.append(path)
-    for png in the_plan.obsolete:
-        png.unlink()
-        written.append(png)
+    for path in the_plan.obsolete:
+        path.unlink()
+        written.append(path)
     return written

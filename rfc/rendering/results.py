@@ -5,7 +5,8 @@
 * ``conformance-<environment>.json``: the same, for designs that run only in an environment of their own (the
   ``patched`` design, in the patched Lightning's); merged into the conformance results, each file keeping its setup
   (``setups``: file name -> setup)
-* ``benchmarks-<kind>.json``: ``{"schema": 1, "setup"?: {...}, "scenarios": {name: [row, ...]}, "targets"?, "notes"?}``
+* ``benchmarks-<machine>.json``, named for the machine it describes:
+  ``{"schema": 1, "setup"?: {...}, "scenarios": {name: [row, ...]}, "targets"?, "notes"?}``
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ CONFORMANCE_FILE = "conformance.json"
 CONFORMANCE_ENVIRONMENT_GLOB = "conformance-*.json"
 BENCHMARK_GLOB = "benchmarks-*.json"
 CONFORMANCE_COMMAND = "pytest tests/conformance --results rfc/results/conformance.json"
-BENCHMARK_COMMAND = "pytest --benchmark-only"  # writes rfc/results/benchmarks-<BENCHMARKS_MACHINE_KIND or python>.json
+BENCHMARK_COMMAND = "pytest --benchmark-only"  # writes rfc/results/benchmarks-<machine>.json
 SUPPORTED_SCHEMA = 1
 
 PASS, XFAIL, FAIL, SKIP = "passed", "expected failure", "failure", "skipped"
@@ -117,10 +118,12 @@ def load_inputs(rfc_dir: Path, results_dir: Path, out_dir: Path, command: str) -
         inputs.conformance["setups"] = {conformance.name: inputs.conformance["setup"]}
         for path in sorted(results_dir.glob(CONFORMANCE_ENVIRONMENT_GLOB)):
             _merge_conformance(inputs.conformance, load_json(path), path)
-    # the CPU machine kind ("python") first, then the others (e.g. GPU kinds) by name
-    for path in sorted(results_dir.glob(BENCHMARK_GLOB), key=lambda p: (p.stem != "benchmarks-python", p.name)):
-        kind = path.stem[len("benchmarks-"):]
-        data = load_json(path)
-        _validate_benchmarks(data, path)
-        inputs.benchmarks[kind] = data
+    # each file is named for its machine (``benchmarks-x86_64-linux-2cpu.json``): the CPU machines' files first (what
+    # `pytest --benchmark-only` writes), then those of GPU machines (``benchmarks/gpu_s5.py``), each by name
+    found = {}
+    for path in sorted(results_dir.glob(BENCHMARK_GLOB)):
+        found[path] = load_json(path)
+        _validate_benchmarks(found[path], path)
+    for path, data in sorted(found.items(), key=lambda item: ("gpu" in (item[1].get("setup") or {}), item[0].name)):
+        inputs.benchmarks[path.stem[len("benchmarks-"):]] = data
     return inputs

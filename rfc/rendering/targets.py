@@ -8,6 +8,7 @@ from typing import Any
 
 from harness_common import RATIO_TOLERANCE
 from rendering.markdown import cell, code, fmt_number, is_number, is_scalar, table
+from rendering.registry_order import registry_key
 
 
 def target_rule(spec: dict[str, Any]) -> str:
@@ -58,13 +59,28 @@ def target_result_cell(result: dict[str, Any], metric: str, threshold: Any = Non
     return f"{text} {verdict(result)}"
 
 
+def _off_nominal(measured: Any, nominal: Any) -> bool:
+    """The benchmarks' ratio rule: a measured L/C or M/C further than ``RATIO_TOLERANCE`` from its nominal one."""
+    return is_number(measured) and is_number(nominal) and nominal != 0 \
+        and abs(measured / nominal - 1) > RATIO_TOLERANCE
+
+
+def point_judged(row: dict[str, Any], metric: str) -> bool:
+    """Whether the targets could judge ``row[metric]``: it has a 95 % interval and its point measured the ratio it
+    names (the reasons a benchmark result is "not judged")."""
+    interval = row.get(f"{metric}_interval")
+    has_interval = isinstance(interval, list) and len(interval) == 2 and all(is_number(v) for v in interval)
+    return has_interval and not any(_off_nominal(row.get(f"{ratio}_measured"), row.get(ratio))
+                                    for ratio in ("L_over_C", "M_over_C"))
+
+
 def _measured_ratio(result: dict[str, Any]) -> str:
     for ratio, label in (("M_over_C", "M/C"), ("L_over_C", "L/C")):  # S6 rows also carry the producer's L/C
         measured = result.get(f"{ratio}_measured")
         if is_number(measured):
             text = f"{label} {fmt_number(ratio, measured)}"
             nominal = result.get(ratio)
-            if is_number(nominal) and nominal and abs(measured / nominal - 1) > RATIO_TOLERANCE:
+            if _off_nominal(measured, nominal):
                 share = f"{RATIO_TOLERANCE * 100:.0f} %"
                 text += f" (**off** the nominal {fmt_number(ratio, nominal)} by more than {share})"
             return text
@@ -78,7 +94,7 @@ def targets_table(targets: Any) -> str:
     rows, notes = [], []
     for name, spec in targets.items():
         metric = str(spec.get("metric", ""))
-        results = spec.get("results") or []
+        results = sorted(spec.get("results") or [], key=lambda r: registry_key(str(r.get("design", ""))))
         for r in results:
             value = r.get("value")
             shown = fmt_number(metric, value) if is_scalar(value) else code(json.dumps(value))
