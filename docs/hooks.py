@@ -1,11 +1,16 @@
 """mkdocs hooks: build the parts of the site that depend on which designs exist at build time.
 
-* The ``RFC > Designs`` nav section lists every ``rfc/designs/*.md`` (designs in registry order first, then any
-  other page alphabetically), so a new design page appears without editing ``mkdocs.yml``.
-* A nav entry may name a section of a page (``Comparison: rfc/index.md#comparison``); mkdocs only links whole
-  pages from the nav, so the entry becomes a link to that page's URL plus the anchor.
+* The ``RFC > Designs`` nav section must list every ``rfc/designs/*.md`` (designs in registry order first, then any
+  other page alphabetically). Zensical runs no hooks, so ``mkdocs.yml`` lists the pages itself; a page it does not
+  list (a new design's) still appears under MkDocs, with a warning that fails ``mkdocs build --strict`` and names the
+  line to add.
+* A nav entry may name a section of a page by its URL (``Comparison: rfc/#comparison``), which Zensical resolves
+  itself; MkDocs only links whole pages from the nav (a URL is a "not found" warning), so the entry becomes a link to
+  that page's URL plus the anchor.
 * ``docs/api.md`` gets one mkdocstrings block (``::: prototypes.<name>``) per module registered in
-  ``prototypes._DESIGN_MODULES``, read from ``prototypes/__init__.py`` without importing torch or Lightning.
+  ``prototypes._DESIGN_MODULES``, read from ``prototypes/__init__.py`` without importing torch or Lightning. Zensical
+  has no equivalent (no hooks; a Markdown extension would have to be an installed module), so its API page leaves
+  the design modules out; ``tests/test_site.py`` records that gap.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "prototypes" / "__init__.py"
 DESIGN_PAGES = ROOT / "rfc" / "designs"
 API_PLACEHOLDER = "<!-- API: design modules -->"
-SECTION_ENTRY_RE = re.compile(r"^(?P<page>[^:#]+\.md)#(?P<anchor>[\w-]+)$")
+SECTION_ENTRY_RE = re.compile(r"^(?P<url>[^:#]+/)#(?P<anchor>[\w-]+)$")
 
 log = logging.getLogger("mkdocs.hooks.designs")
 
@@ -46,27 +51,39 @@ def design_pages() -> list[dict[str, str]]:
     return [{n: f"rfc/designs/{pages[n].name}"} for n in names]
 
 
-def _fill_designs(nav: list[Any]) -> bool:
+def _designs_section(nav: list[Any]) -> tuple[list[Any], int] | None:
+    """Where the ``Designs`` section is, at any depth: the list that holds it and its index there; or None."""
     for index, entry in enumerate(nav):
-        if not isinstance(entry, dict):
-            continue
-        for title, value in entry.items():
-            if title == "Designs" and isinstance(value, list) and not value:
-                pages = design_pages()
-                if pages:
-                    entry[title] = pages
-                else:
-                    log.info("no rfc/designs/*.md yet: the Designs nav section is left out")
-                    del nav[index]
-                return True
-            if isinstance(value, list) and _fill_designs(value):
-                return True
-    return False
+        for title, value in (entry.items() if isinstance(entry, dict) else []):
+            if title == "Designs" and isinstance(value, list):
+                return nav, index
+            if isinstance(value, list) and (found := _designs_section(value)):
+                return found
+    return None
+
+
+def _check_designs(nav: list[Any]) -> None:
+    """Warn unless the Designs section lists the design pages (Zensical's nav is what it lists), then show them."""
+    found = _designs_section(nav)
+    if found is None:
+        log.warning("mkdocs.yml nav has no 'Designs' section for the rfc/designs/*.md pages")
+        return
+    parent, index = found
+    pages = design_pages()
+    if parent[index]["Designs"] != pages:
+        lines = "".join(f"\n          - {name}: {path}" for page in pages for name, path in page.items())
+        log.warning("mkdocs.yml's Designs section does not list rfc/designs/*.md in registry order; Zensical runs no "
+                    "hooks, so its nav shows what mkdocs.yml lists. Write it as:\n      - Designs:%s", lines)
+    if pages:
+        parent[index]["Designs"] = pages
+    else:
+        log.info("no rfc/designs/*.md yet: the Designs nav section is left out")
+        del parent[index]
 
 
 def _mark_section_entries(nav: list[Any], found: dict[str, re.Match[str]]) -> None:
-    """Turn ``page.md#anchor`` entries into ``/page.md#anchor``: mkdocs leaves an absolute path alone (a page path
-    with an anchor would be a "not found" warning), and ``on_nav`` makes it the page's URL."""
+    """Turn ``url/#anchor`` entries into ``/url/#anchor``: mkdocs leaves an absolute path alone (a relative URL
+    would be a "not found" warning), and ``on_nav`` makes it the page's URL."""
     for entry in nav:
         for title, value in (entry.items() if isinstance(entry, dict) else []):
             if isinstance(value, list):
@@ -77,26 +94,26 @@ def _mark_section_entries(nav: list[Any], found: dict[str, re.Match[str]]) -> No
 
 
 def on_config(config, **kwargs):
-    if config.nav and not _fill_designs(config.nav):
-        log.warning("mkdocs.yml nav has no empty 'Designs: []' section for docs/hooks.py to fill")
     config["section_entries"] = {}
     if config.nav:
+        _check_designs(config.nav)
         _mark_section_entries(config.nav, config["section_entries"])
     return config
 
 
 def on_nav(nav, config, files, **kwargs):
+    page_urls = {file.url for file in files.documentation_pages()}
+
     def visit(items):
         for item in items:
             if item.is_section:
                 visit(item.children)
             elif item.is_link and item.url in config["section_entries"]:
                 m = config["section_entries"][item.url]
-                page = files.get_file_from_path(m["page"])
-                if page is None:
-                    log.warning("mkdocs.yml nav names a section of %s, which is not a page of the site", m["page"])
+                if m["url"] not in page_urls:
+                    log.warning("mkdocs.yml nav names a section of %s, which is not a page of the site", m["url"])
                     continue
-                item.url = f"{page.url}#{m['anchor']}"
+                item.url = f"{m['url']}#{m['anchor']}"
 
     visit(nav.items)
     return nav
