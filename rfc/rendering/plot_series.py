@@ -94,26 +94,27 @@ def sidecar_json(value: Any, depth: int = 0) -> str:
     return brackets[0] + "\n" + ",\n".join(items) + "\n" + outer + brackets[1]
 
 
+def _sharing_a_style(where: str, drawn: list[dict[str, Any]], colour: str, shape: str, kind: str) -> list[str]:
+    """One problem for each entry of ``drawn`` whose ``colour`` and ``shape`` an earlier entry has."""
+    first_of_style: dict[tuple[str, str], str] = {}
+    found = []
+    for entry in drawn:
+        key = (entry[colour], entry[shape])
+        if key in first_of_style:
+            found.append(f"{where}: {kind}{entry['label']!r} and {first_of_style[key]!r} share {colour} {key[0]} and "
+                         f"{shape} {key[1]!r}")
+        first_of_style.setdefault(key, entry["label"])
+    return found
+
+
 def plot_problems(description: dict[str, Any]) -> list[str]:
     """Why a plot hides a series: two drawn series of a panel share a colour and a marker, two reference lines a
     colour and a line, or series drawn apart coincide (``COINCIDE_RULE``). Empty when every series can be seen."""
     problems = []
     for panel in description["panels"]:
         where = f"{description['plot']}, {panel['title']!r}"
-        styled: dict[tuple[str, str], str] = {}
-        for drawn in panel["series"]:
-            key = (drawn["colour"], drawn["marker"])
-            if key in styled:
-                problems.append(f"{where}: {drawn['label']!r} and {styled[key]!r} share colour {key[0]} and "
-                                f"marker {key[1]!r}")
-            styled.setdefault(key, drawn["label"])
-        lines: dict[tuple[str, str], str] = {}
-        for reference in panel["references"]:
-            key = (reference["colour"], reference["line"])
-            if key in lines:
-                problems.append(f"{where}: reference lines {reference['label']!r} and {lines[key]!r} share colour "
-                                f"{key[0]} and line {key[1]!r}")
-            lines.setdefault(key, reference["label"])
+        problems += _sharing_a_style(where, panel["series"], "colour", "marker", "")
+        problems += _sharing_a_style(where, panel["references"], "colour", "line", "reference lines ")
         for a, b in combinations(panel["series"], 2):
             for name_a, points_a in a["sources"].items():
                 for name_b, points_b in b["sources"].items():
