@@ -4,11 +4,13 @@ A figure with a unit (s, ms, us, min, %, GiB, MiB, x) or a count of tests, runs,
 collectives, votes, all-reduces, broadcasts, patches, files or lines in
 ``rfc/**/*.md`` or ``docs/**/*.md`` outside a generated block (and outside ``rfc/generated/``, which is generated as a
 whole) fails, naming the file, the line and the figure. A number that is a definition, not a measurement, is
-allowed by ``ALLOWED``, each entry with why.
+allowed by ``ALLOWED``, each entry with why. The README's durations are those of the runs recorded in
+``rfc/results/durations.json`` (``pytest --record-duration``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -199,3 +201,28 @@ REVIEWED_DRIFT = {
 def test_drift_a_review_found_fails_when_typed_back(drift: str):
     text, check, expected = REVIEWED_DRIFT[drift]
     assert len(check(f"# A page\n\nSome prose. {text}\n")) == expected
+
+
+# --------------------------------------------------------------------------------------------------- durations
+DURATIONS = ROOT / "rfc" / "results" / "durations.json"
+# "`pytest tests/conformance` 9 min": a command in backticks and the minutes a recorded run of it took
+DURATION_RE = re.compile(r"`(pytest[^`]*)`\s+(?:takes\s+)?(?:about\s+)?(\d+)\s+min\b")
+
+
+def stated_durations(text: str) -> dict[str, int]:
+    return {command: int(minutes) for command, minutes in DURATION_RE.findall(_spaced(text))}
+
+
+def test_the_readmes_durations_are_the_recorded_runs():
+    recorded = json.loads(DURATIONS.read_text())["runs"]
+    stated = stated_durations((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert set(stated) == set(recorded), "the README states a duration for each recorded run, and only those"
+    for command, minutes in stated.items():
+        run = recorded[command]
+        assert run["exit_status"] == 0, f"{command!r} was recorded from a failing run"
+        assert minutes == round(run["seconds"] / 60), f"the README says {command!r} takes {minutes} min"
+
+
+def test_a_typed_duration_is_read_with_its_command():
+    assert stated_durations("Measured: `pytest tests/conformance` 9 min,\n`pytest` 15 min.") == {
+        "pytest tests/conformance": 9, "pytest": 15}
