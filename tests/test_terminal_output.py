@@ -146,7 +146,7 @@ def test_a_run_shows_each_clause_as_it_starts_and_a_long_ones_heartbeat(pytester
     monkeypatch.setattr(plugin._Progress, "HEARTBEAT_S", 0)  # every test after a clause's first is a heartbeat
     c5 = next(SUITE.glob("test_c05_*.py"))
     selected = "test_batch_idx_restarts or test_stop_iteration_in_step_runs_epoch_end"
-    outcome = run_suite(pytester, "--design", "upstream", "-k", selected,
+    outcome = run_suite(pytester, "--progress", "on", "--design", "upstream", "-k", selected,
                         targets=(str(SUITE / "test_c02_items.py"), str(c5)))
     lines = outcome.stdout.lines
     clause_lines = [line for line in lines if re.match(r"\[\d+/\d+ \d+:\d\d\] C\d+ \w", line)]
@@ -157,9 +157,10 @@ def test_a_run_shows_each_clause_as_it_starts_and_a_long_ones_heartbeat(pytester
     assert f"[1/{total} " in words and "C2 running upstream: test_c02_items.py::test_batch_idx_restarts" in words
     assert max(len(line) for line in lines if re.match(r"\[\d+/\d+ |           \S", line)) <= 100
 
-    quiet = run_suite(pytester, "-q", "--design", "upstream", "-k", "test_batch_idx_restarts",
-                      targets=(str(SUITE / "test_c02_items.py"),))
-    assert not [line for line in quiet.stdout.lines if re.match(r"\[\d+/\d+ ", line)]
+    for quiet in ("-q", "--progress=auto"):  # under -q; by default, in a log without a terminal (as here)
+        run = run_suite(pytester, quiet, "--design", "upstream", "-k", "test_batch_idx_restarts",
+                        targets=(str(SUITE / "test_c02_items.py"),))
+        assert run.ret == 0 and not [line for line in run.stdout.lines if re.match(r"\[\d+/\d+ ", line)]
 
 
 def test_outcomes_follow_the_registrys_order_of_designs_and_variants():

@@ -12,8 +12,9 @@
   (``<file>::<test>[<params>]``) it fails (format: ``expected_failure_files.py``); ``--expected-failures DIR`` is
   searched first (where a design outside this repository keeps its file). Entries become strict xfails; an id that
   matches no collected test is an error, and so is a listed test that passes.
-- While the run goes on, a line when a clause starts (its tests and designs) and one a minute within it (the design
-  and test running), each with the tests done of all selected and the time elapsed; none under ``-q``.
+- While the run goes on, on a terminal, a line when a clause starts (its tests and designs) and one a minute within
+  it (the design and test running), each with the tests done of all selected and the time elapsed; none under ``-q``
+  or in a log without a terminal unless ``--progress on``.
 - At the end, a clause x design matrix of passed / expected-fail / failed tests, at most 100 columns wide
   (``harness_common.terminal``); none when no conformance test ran. ``--results PATH`` writes the outcomes as JSON.
 """
@@ -85,6 +86,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--results", default=None, metavar="PATH", help="write the conformance outcomes as JSON")
     group.addoption(
+        "--progress", choices=("auto", "on", "off"), default="auto",
+        help="a line as each clause starts, and a minute's heartbeat: auto (on a terminal, not under -q), on, off",
+    )
+    group.addoption(
         "--record-duration", default=None, metavar="PATH",
         help="record this run's command and wall-clock time in PATH (JSON; the README's durations come from it)",
     )
@@ -113,8 +118,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE] = state
     config.stash[_STARTED] = time.monotonic()
     config.pluginmanager.register(state, "conformance-outcomes")
-    if config.get_verbosity() >= 0:
-        config.pluginmanager.register(_Progress(state), "conformance-progress")
+    progress = config.getoption("progress")
+    if progress == "on" or (progress == "auto" and config.get_verbosity() >= 0):
+        config.pluginmanager.register(_Progress(state, only_on_a_terminal=progress == "auto"), "conformance-progress")
 
 
 # The libraries whose versions decide what the suite observes, as the run's header names them.
@@ -232,14 +238,16 @@ _STARTED = pytest.StashKey[float]()
 class _Progress:
     """Progress lines: which clause and design run, how many of the selected tests are done, the time elapsed.
 
-    Why lines and not a live status line: a CI log has no terminal to redraw one in. Why not a line per design and
-    clause: a clause's tests take each design in turn, test by test, so such lines would repeat all run long.
+    Why lines and not a live status line: they read the same in a terminal and in a log (``--progress on``). Why not
+    a line per design and clause: a clause's tests take each design in turn, test by test, so such lines would repeat
+    all run long.
     """
 
     HEARTBEAT_S = 60
 
-    def __init__(self, state: _State) -> None:
+    def __init__(self, state: _State, only_on_a_terminal: bool) -> None:
         self.state = state
+        self.only_on_a_terminal = only_on_a_terminal
         self.reporter = None
         self.selected: list[str] = []  # the conformance tests left after -k and -m, in run order
         self.done = 0
@@ -247,7 +255,9 @@ class _Progress:
         self.started = self.last_line = time.monotonic()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        # Why not in a log without a terminal (CI's): pytest's dots and the final matrix say enough there
+        self.reporter = None if self.only_on_a_terminal and not (reporter and reporter.isatty()) else reporter
         self.selected = [item.nodeid for item in session.items if item.nodeid in self.state.tests]
         self.started = self.last_line = time.monotonic()
 
