@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 import harness_common
-from harness_common.terminal import MAX_WIDTH, fit, write_matrix
+from harness_common.terminal import fit, width_for, write_matrix
 from prototypes.common import Design
 from tests.conformance.expected_failure_files import expected_failures_path, load_expected_failures
 
@@ -288,8 +288,7 @@ class _Progress:
     def _line(self, text: str) -> None:
         self.last_line = time.monotonic()
         minutes, seconds = divmod(int(self.last_line - self.started), 60)
-        width = min(MAX_WIDTH, self.reporter._tw.fullwidth)
-        self.reporter.ensure_newline()
+        width = width_for(self.reporter)
         prefix = f"[{self.done}/{len(self.selected)} {minutes}:{seconds:02}] "
         for line in textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
                                   break_on_hyphens=False, break_long_words=False):
