@@ -77,13 +77,13 @@ from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
     Design,
-    NoProgressGuard,
     StepItem,
     StepIterator,
-    every_rank_has_a_batch,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
 )
+from prototypes.ranks import every_rank_has_a_batch
+from prototypes.step_calls import NoProgressGuard
 
 # The steps each ``trainer.<stage>()`` may call with ``dataloader_iter`` (``setup``'s ``stage`` argument).
 STEP_HOOKS = {

@@ -19,9 +19,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from prototypes.batch_processor.lookahead import LookAhead, LookAheadStepIterator, StepItem, fetch_within_limits
 from prototypes.common import (
     STOP_ITERATION_WITH_BATCHES_LEFT,
-    BatchesTakenPerCall,
     BatchTransfer,
-    NoProgressGuard,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
 )
@@ -32,6 +30,7 @@ from prototypes.lightning_changes import (
     evaluation_drain_call,
     prediction_drain_call,
 )
+from prototypes.step_calls import BatchesTakenPerCall, NoProgressGuard
 
 
 # [RFC 7]

@@ -8,7 +8,8 @@ from typing import Any
 
 from pytorch_lightning.loops.fetchers import _DataFetcher
 
-from prototypes.common import ITERATOR_USED_AFTER_ITS_STEP, StepCall, StepCalls, StepItem, StepIterator
+from prototypes.common import ITERATOR_USED_AFTER_ITS_STEP, StepItem, StepIterator
+from prototypes.step_calls import StepCall, StepCalls
 
 
 class LookAhead:
@@ -106,9 +107,10 @@ class LookAhead:
 
 
 class LookAheadStepCalls(StepCalls):
-    """The training loop's record of one epoch's step calls (``common.StepCalls``), with the look-ahead they draw from
-    (``batches``; None between fits), the batch the running call will get first (``upcoming_batch``, None in a drain
-    call) and the last batch handed out with its ``batch_idx`` (``last_handed_out``), which the batch-end hooks get."""
+    """The training loop's record of one epoch's step calls (``step_calls.StepCalls``), with the look-ahead they
+    draw from (``batches``; None between fits), the batch the running call will get first (``upcoming_batch``, None
+    in a drain call) and the last batch handed out with its ``batch_idx`` (``last_handed_out``), which the batch-end
+    hooks get."""
 
     def __init__(self, batches: LookAhead | None, last: StepCall | None = None) -> None:
         super().__init__("training_step", last)

@@ -23,10 +23,8 @@ from prototypes.batch_processor.lookahead import (
     fetch_within_limits,
 )
 from prototypes.common import (
-    BATCHES_LEFT_WHEN_A_PEER_ENDED,
     STOP_ITERATION_WITH_BATCHES_LEFT,
     BatchTransfer,
-    StepCall,
     refuse_mixed_step_signature,
     takes_dataloader_iter,
     warn_declined,
@@ -41,6 +39,8 @@ from prototypes.lightning_changes import (
     loader_state_reader,
     supply_log_batch_size,
 )
+from prototypes.ranks import BATCHES_LEFT_WHEN_A_PEER_ENDED
+from prototypes.step_calls import StepCall
 
 
 class _StepCallHandOut:

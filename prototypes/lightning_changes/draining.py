@@ -12,7 +12,8 @@ import torch
 from pytorch_lightning.loops.utilities import _is_max_limit_reached
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from prototypes.common import NoProgressGuard, RanksVote, vote
+from prototypes.ranks import RanksVote, vote
+from prototypes.step_calls import NoProgressGuard
 
 
 # ----------------------------------------------------------------------- [RFC 3] drain a pipelining step

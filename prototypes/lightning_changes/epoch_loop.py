@@ -14,13 +14,6 @@ from pytorch_lightning.loops.training_epoch_loop import RestartStage, _TrainingE
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from prototypes.common import (
-    PULLED_AHEAD,
-    RanksVote,
-    end_of_data_vote_needed,
-    every_rank_has_a_batch,
-    makes_drain_calls,
-)
 from prototypes.lightning_changes.draining import (
     DRAIN_CALL_TRAINED_UNSEEN,
     HELD_BATCHES_NOT_DRAINED,
@@ -28,6 +21,8 @@ from prototypes.lightning_changes.draining import (
     epoch_stopped_early,
     optimizer_steps,
 )
+from prototypes.ranks import RanksVote, end_of_data_vote_needed, every_rank_has_a_batch
+from prototypes.step_calls import PULLED_AHEAD, makes_drain_calls
 
 
 # [RFC 11] stock profiler action names
@@ -73,11 +68,11 @@ class DrainsHeldBatches:
         raise NotImplementedError
 
     def _drain_rule(self) -> str:
-        """When the loop makes drain calls (``common.DRAIN_RULES``)."""
+        """When the loop makes drain calls (``step_calls.DRAIN_RULES``)."""
         return PULLED_AHEAD
 
     def _vote_since_the_last_call(self) -> RanksVote | None:
-        """The ranks' vote between the last step call and the next (``common.vote``), where the design's vote carries
+        """The ranks' vote between the last step call and the next (``ranks.vote``), where the design's vote carries
         what the loop must agree on there; None where it does not (the loop then votes on its own)."""
         return None
 

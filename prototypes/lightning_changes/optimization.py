@@ -15,7 +15,7 @@ from pytorch_lightning.loops.utilities import _block_parallel_sync_behavior
 from torch.nn.parallel import DistributedDataParallel
 
 from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
-from prototypes.common import StepCall
+from prototypes.step_calls import StepCall
 
 
 # ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
@@ -127,7 +127,7 @@ def first_where_synced(
 ) -> Callable[[torch.Tensor], None] | None:
     """``backward_fn``, calling ``before()`` first where given and the backward all-reduces the gradients under DDP
     (no accumulation window ``blocked`` it): the step returned its loss, and the ranks' vote rides in that all-reduce
-    (``common.VoteInGradients``). Lightning calls it only with a loss."""
+    (``ranks.VoteInGradients``). Lightning calls it only with a loss."""
     if before is None or backward_fn is None or blocked:
         return backward_fn
 

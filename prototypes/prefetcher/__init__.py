@@ -40,7 +40,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import PULLED_AHEAD, Design
+from prototypes.common import Design
 from prototypes.lightning_changes import install_loops
 from prototypes.prefetcher.loops import (
     _PrefetchingEpochLoop,
@@ -50,6 +50,7 @@ from prototypes.prefetcher.loops import (
 )
 from prototypes.prefetcher.options import Options, RunResources
 from prototypes.prefetcher.prefetch_thread import AUTO
+from prototypes.step_calls import PULLED_AHEAD
 
 
 def _make_trainer(

@@ -32,18 +32,12 @@ import pytorch_lightning as pl
 from pytorch_lightning.loops.fetchers import _DataFetcher, _DataLoaderIterDataFetcher
 from typing_extensions import override
 
-from prototypes.common import (
-    PULLED_AHEAD,
-    STOP_ITERATION_WITH_BATCHES_LEFT,
-    BatchTransfer,
-    StepIterator,
-    VoteInGradients,
-    end_of_data_vote_needed,
-    warn_declined,
-)
+from prototypes.common import STOP_ITERATION_WITH_BATCHES_LEFT, BatchTransfer, StepIterator, warn_declined
 from prototypes.lightning_changes import CountsConsumed
 from prototypes.prefetcher.producer import BatchProducer, LoaderExhausted, Produced
 from prototypes.prefetcher.step_calls import EpochStepCalls
+from prototypes.ranks import VoteInGradients, end_of_data_vote_needed
+from prototypes.step_calls import PULLED_AHEAD
 
 
 class FetcherStepIterator(StepIterator):
@@ -260,7 +254,7 @@ class _PrefetchingIterFetcher(_StepCallHandOut, _LoaderIteratorLifecycle, _DataL
     (peeked, not consumed), then the last batch consumed. ``fetched`` counts consumed batches, and so does
     ``progress`` (``count_consumed()``). ``drain_dataloader``: the evaluation loops' drain calls at the end of a
     dataloader (C17); None in training, which drains in its loop. ``drain_rule``: when the loop makes drain calls
-    (``common.DRAIN_RULES``).
+    (``step_calls.DRAIN_RULES``).
     """
 
     def __init__(

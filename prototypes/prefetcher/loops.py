@@ -18,7 +18,7 @@ from pytorch_lightning.loops.prediction_loop import _PredictionLoop
 from pytorch_lightning.loops.progress import _BatchProgress
 from pytorch_lightning.trainer import call
 
-from prototypes.common import RanksVote, refuse_mixed_step_signature, takes_dataloader_iter
+from prototypes.common import refuse_mixed_step_signature, takes_dataloader_iter
 from prototypes.lightning_changes import (
     BatchCountingEpochLoop,
     BatchCountingFitLoop,
@@ -38,6 +38,7 @@ from prototypes.lightning_changes import (
 from prototypes.prefetcher.fetcher import FetcherStepIterator, _PrefetchingIterFetcher
 from prototypes.prefetcher.options import RunResources
 from prototypes.prefetcher.threaded import fetcher_for
+from prototypes.ranks import RanksVote
 
 
 class _StepCallAutomaticOptimization(StepFirstAutomaticOptimization):

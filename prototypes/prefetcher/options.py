@@ -10,9 +10,9 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from prototypes.common import DRAIN_RULES, PULLED_AHEAD
 from prototypes.prefetcher.prefetch_thread import AUTO
 from prototypes.prefetcher.profiler_guard import ProfilerGuard
+from prototypes.step_calls import DRAIN_RULES, PULLED_AHEAD
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Options:
     """The fetcher's options, as the user chose them: ``depth``, the most batches produced ahead of the step (0: none,
     on the step's thread; ``"auto"``: the thread decides per epoch whether it pays, ``PrefetchThread``),
     ``transfer_ahead``, whether the transfer hooks run with the loading rather than as a batch is handed out, and
-    ``drain``, when the loop makes drain calls (``common.DRAIN_RULES``): the RFC's drain decision compares
+    ``drain``, when the loop makes drain calls (``step_calls.DRAIN_RULES``): the RFC's drain decision compares
     the rules with unmodified clients, and what ships is the default."""
 
     depth: int | str = 0

@@ -1,5 +1,5 @@
 """The prefetcher's record of one loop over the data's step calls, on the loop's thread: the shared record
-(``common.StepCalls``: the running call, drain calls) with the peeked next batch (the head), the ranks' end-of-data
+(``step_calls.StepCalls``: the running call, drain calls) with the peeked next batch (the head), the ranks' end-of-data
 vote and the batches taken between calls. No loop and no thread in here."""
 
 from __future__ import annotations
@@ -12,18 +12,9 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from prototypes.common import (
-    BATCHES_LEFT_WHEN_A_PEER_ENDED,
-    PULLED_AHEAD,
-    RanksVote,
-    StepCall,
-    StepCalls,
-    VoteInGradients,
-    makes_drain_calls,
-    start_vote,
-    vote,
-)
 from prototypes.prefetcher.producer import Produced
+from prototypes.ranks import BATCHES_LEFT_WHEN_A_PEER_ENDED, RanksVote, VoteInGradients, start_vote, vote
+from prototypes.step_calls import PULLED_AHEAD, StepCall, StepCalls, makes_drain_calls
 
 
 class HeldBatches:
@@ -72,7 +63,7 @@ class RanksVoteBetweenCalls:
     unread_vote: Callable[[], RanksVote] | None  # the vote before the next call, started and not yet read
     carrier: VoteInGradients | None  # where the votes ride in DDP's gradient all-reduce
     take_ahead: Callable[[], Produced | None] | None  # for ``ends_within_the_next_call``; None: no window to close
-    drain_rule: str  # when the loop makes drain calls (``common.DRAIN_RULES``)
+    drain_rule: str  # when the loop makes drain calls (``step_calls.DRAIN_RULES``)
     dataloader_idx: int | None  # the dataloader of the last batch handed out (None before the first)
     drained: bool
     peek: Callable[[], Produced | None]

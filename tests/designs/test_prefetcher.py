@@ -688,7 +688,7 @@ def _record_votes(directory):
         frame = sys._getframe(1)
         if frame.f_globals.get("__name__", "").startswith("prototypes"):
             asker = "gradients" if frame.f_code.co_name == "hook" else None  # `VoteInGradients.hook`, in a backward
-            while frame.f_globals["__name__"] == "prototypes.common":
+            while frame.f_globals["__name__"] == "prototypes.ranks":
                 frame = frame.f_back  # the caller of the vote (`vote`, `start_vote`, `every_rank_has_a_batch`)
             with open(directory / f"all-reduce-{os.getpid()}.txt", "a") as calls:
                 calls.write(f"{asker or frame.f_code.co_name}\n")
