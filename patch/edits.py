@@ -143,10 +143,15 @@ class ModuleSource:
             scope = found[-1]  # the last wins, as at run time (a property's setter follows its getter)
         return scope  # type: ignore[return-value]
 
-    def statement(self, qualname: str, matches: Predicate) -> ast.stmt:
-        """The one statement of ``qualname``'s body, at any depth, that ``matches``."""
+    def statement(self, qualname: str, matches: Predicate, nth: int | None = None) -> ast.stmt:
+        """The one statement of ``qualname``'s body, at any depth, that ``matches``; with ``nth``, the nth of those
+        that match, in the order they are written (from 0)."""
         found = [node for node in ast.walk(self.definition(qualname)) if isinstance(node, ast.stmt) and matches(node)]
-        found = [node for node in found if node is not self.definition(qualname)]
+        found = sorted((node for node in found if node is not self.definition(qualname)), key=lambda n: n.lineno)
+        if nth is not None:
+            if nth >= len(found):
+                raise PlaceNotFound(f"{self.name}: {len(found)} statements of {qualname!r} match, expected {nth + 1}")
+            return found[nth]
         if len(found) != 1:
             raise PlaceNotFound(f"{self.name}: {len(found)} statements of {qualname!r} match, expected one")
         return found[0]
@@ -162,6 +167,8 @@ class ModuleSource:
     @staticmethod
     def _indented(code: str, indent: str) -> str:
         code = textwrap.dedent(code).strip("\n")
+        if not code:
+            return ""
         return textwrap.indent(code, indent, lambda line: bool(line.strip())) + "\n"
 
     def _start_line(self, node: ast.stmt) -> int:
@@ -212,7 +219,7 @@ class ModuleSource:
 
     def insert_in_body(
         self, qualname: str, code: str, *, at_start: bool = False, at_end: bool = False,
-        before: Predicate | None = None, after: Predicate | None = None,
+        before: Predicate | None = None, after: Predicate | None = None, nth: int | None = None,
     ) -> None:
         """Insert statements into ``qualname``'s body: first (after its docstring), last, or before/after the one
         statement that the predicate matches."""
@@ -230,17 +237,20 @@ class ModuleSource:
                 return
             self._splice(anchor.lineno, anchor.lineno - 1, self._indented(code, self._indent_of(anchor)))
             return
-        node = self.statement(qualname, before or after)  # type: ignore[arg-type]
+        node = self.statement(qualname, before or after, nth)  # type: ignore[arg-type]
         text = self._indented(code, self._indent_of(node))
         if before:
             self._splice(self._start_line(node), self._start_line(node) - 1, text)
         else:
             self._splice(node.end_lineno + 1, node.end_lineno, text)
 
-    def replace_statement(self, qualname: str, matches: Predicate, code: str, *, comments_above: bool = False) -> None:
-        """Replace the one statement of ``qualname`` that ``matches`` with ``code``; with ``comments_above``, the
-        comment lines right above it too (a comment that describes what the statement did)."""
-        node = self.statement(qualname, matches)
+    def replace_statement(
+        self, qualname: str, matches: Predicate, code: str, *, comments_above: bool = False, nth: int | None = None
+    ) -> None:
+        """Replace the one statement of ``qualname`` that ``matches`` (the ``nth``, as ``statement``) with ``code``;
+        with ``comments_above``, the comment lines right above it too (a comment that describes what the statement
+        did)."""
+        node = self.statement(qualname, matches, nth)
         start = self._start_line(node)
         if comments_above:
             lines = self.lines
@@ -248,9 +258,21 @@ class ModuleSource:
                 start -= 1
         self._splice(start, node.end_lineno, self._indented(code, self._indent_of(node)))
 
-    def remove_statement(self, qualname: str, matches: Predicate) -> None:
-        node = self.statement(qualname, matches)
-        self._splice(self._start_line(node), node.end_lineno, "")
+    def remove_statement(
+        self, qualname: str, matches: Predicate, *, comments_above: bool = False, nth: int | None = None
+    ) -> None:
+        """Remove the statement ``replace_statement`` would replace."""
+        self.replace_statement(qualname, matches, "", comments_above=comments_above, nth=nth)
+
+    def remove_comment(self, qualname: str, words: str) -> None:
+        """Remove the one comment line of ``qualname`` that holds ``words`` (a comment the change makes untrue)."""
+        node = self.definition(qualname)
+        lines = self.lines
+        found = [number for number in range(self._start_line(node), node.end_lineno + 1)
+                 if lines[number - 1].lstrip().startswith("#") and words in lines[number - 1]]
+        if len(found) != 1:
+            raise PlaceNotFound(f"{self.name}: {len(found)} comment lines of {qualname!r} hold {words!r}, expected one")
+        self._splice(found[0], found[0], "")
 
     def substitute(self, qualname: str, pattern: str, replacement: str | Callable[[re.Match], str]) -> None:
         """``re.sub`` over the lines of ``qualname``'s definition, each line on its own (``^`` and ``$`` are its

@@ -69,7 +69,10 @@ ITEMS_BRANCH = "items"  # one commit per item, in the stack's order: what each i
 DESCRIPTION = "DESCRIPTION.md"  # a pull request's description, beside its patches
 CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed")
 # what the stack may add to the package's modules (tests and the CHANGELOG aside) for a reviewer to take in
-SOURCE_LINES_BUDGET = 1000  # Lightning's CHANGELOG's, in its order
+SOURCE_LINES_BUDGET = 600  # non-blank lines the stack adds to the package's modules
+PULL_REQUEST_BUDGET = 400  # the same, per pull request
+FETCHERS_GROWTH_BUDGET = 300  # how much longer `loops/fetchers.py` may get
+FETCHERS = PACKAGE_IN_SDIST / "loops" / "fetchers.py"  # Lightning's CHANGELOG's, in its order
 
 
 def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
@@ -280,8 +283,7 @@ def describe(number: int, pull_request: PullRequest, rows: list[dict]) -> str:
     lines += [f"| {row['subject']} | {_files_cell(row['files'])} | +{row['added']} −{row['removed']} |" for row in rows]
     made = [item for commit in pull_request.commits for item in items_of(commit, ITEMS)]
     lines += ["", "## What a user notices", ""]
-    lines += [f"- **{item.title}** (the RFC's change list, item {item.number}). {' '.join(item.why.split())}"
-              for item in made]
+    lines += [f"- **{item.title}**. {' '.join(item.why.split())}" for item in made]
     lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), *_migration_lines(made), "", "## Tests",
               "", *_tests_lines(made),
               "", "## CHANGELOG", ""]
@@ -324,20 +326,21 @@ def _tests_lines(made: list[Item]) -> list[str]:
     return lines
 
 
-def added_source_lines(tree: Path) -> dict[str, int]:
-    """The lines the stack adds to the package's modules (its tests and the CHANGELOG are not among them), by kind:
-    ``code``, ``docstrings``, ``comments`` and ``blank``; what the RFC holds against the pull requests' size."""
+def added_source_lines(tree: Path, since: str = BASE_TAG, until: str = "HEAD") -> dict[str, int]:
+    """The lines the commits ``since..until`` (by default the stack) add to the package's modules (its tests and the
+    CHANGELOG are not among them), by kind: ``code``, ``docstrings``, ``comments`` and ``blank``; what the RFC holds
+    against the pull requests' size."""
     counts = dict.fromkeys(("code", "docstrings", "comments", "blank"), 0)
     added: dict[str, list[int]] = {}
     path = None
-    for line in git(tree, "diff", "-U0", BASE_TAG, "HEAD", "--", PACKAGE_IN_SDIST.as_posix()).splitlines():
+    for line in git(tree, "diff", "-U0", since, until, "--", PACKAGE_IN_SDIST.as_posix()).splitlines():
         if line.startswith("+++ "):
             path = line[len("+++ b/"):] if line.endswith(".py") else None
         elif path and (hunk := re.match(r"@@ -\S+ \+(\d+)(?:,(\d+))? @@", line)):
             start, length = int(hunk.group(1)), int(hunk.group(2) or 1)
             added.setdefault(path, []).extend(range(start, start + length))
     for path, numbers in added.items():
-        source = git(tree, "show", f"HEAD:{path}")
+        source = git(tree, "show", f"{until}:{path}")
         lines = source.splitlines()
         docstrings = {number for node in ast.walk(ast.parse(source))
                       if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
@@ -371,10 +374,37 @@ def summary(tree: Path) -> dict:
             "added": sum(f["added"] for f in files),
             "removed": sum(f["removed"] for f in files),
         })
-    pull_requests = [{"title": pull_request.title, "commits": rows} for pull_request, _, rows in _pull_requests(tree)]
-    return {"schema": 1, "release": RELEASE, "items": items, "pull_requests": pull_requests,
+    pull_requests = [
+        {"title": pull_request.title, "commits": rows,
+         "added_source": _non_blank(added_source_lines(tree, f"{shas[0]}~", shas[-1]))}
+        for pull_request, shas, rows in _pull_requests(tree)
+    ]
+    fetchers = [len(git(tree, "show", f"{ref}:{FETCHERS.as_posix()}").splitlines()) for ref in (BASE_TAG, "HEAD")]
+    return {"schema": 2, "release": RELEASE, "items": items, "pull_requests": pull_requests,
             "added_source": added_source_lines(tree), "source_lines_budget": SOURCE_LINES_BUDGET,
+            "pull_request_budget": PULL_REQUEST_BUDGET,
+            "fetchers_growth": fetchers[1] - fetchers[0], "fetchers_growth_budget": FETCHERS_GROWTH_BUDGET,
             "migration": [dataclasses.asdict(change) for change in CHANGES]}
+
+
+def _non_blank(counts: dict[str, int]) -> int:
+    return counts["code"] + counts["docstrings"] + counts["comments"]
+
+
+def over_budget(summary: dict) -> list[str]:
+    """What in a ``summary`` passes its budget: the stack's added source lines, a pull request's, the growth of
+    ``loops/fetchers.py``; empty where all hold."""
+    over = []
+    if (total := _non_blank(summary["added_source"])) > summary["source_lines_budget"]:
+        over.append(f"the stack adds {total} source lines, over its budget of {summary['source_lines_budget']}")
+    over += [f"pull request {number} ({pull_request['title']}) adds {pull_request['added_source']} source lines,"
+             f" over its budget of {summary['pull_request_budget']}"
+             for number, pull_request in enumerate(summary["pull_requests"], start=1)
+             if pull_request["added_source"] > summary["pull_request_budget"]]
+    if summary["fetchers_growth"] > summary["fetchers_growth_budget"]:
+        over.append(f"loops/fetchers.py grows by {summary['fetchers_growth']} lines, over its budget of"
+                    f" {summary['fetchers_growth_budget']}")
+    return over
 
 
 def to_repository_layout(patch_text: str) -> str:
@@ -402,7 +432,12 @@ def main(argv: list[str] | None = None) -> int:
         tree = patched_tree(Path(scratch), args.sdist_cache, repository)
         patches = write_series(tree, args.out, args.layout)
         if args.summary:
-            args.summary.write_text(json.dumps(summary(tree), indent=1) + "\n")
+            written = summary(tree)
+            args.summary.write_text(json.dumps(written, indent=1) + "\n")
+            for line in over_budget(written):
+                print(f"over budget: {line}", file=sys.stderr)
+            if over_budget(written):
+                return 1
         if args.tree:
             keep_tree(tree, args.tree)
     print(f"{len(STACK)} pull requests, {len(patches)} patches ({args.layout} layout) in {args.out}")

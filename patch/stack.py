@@ -36,55 +36,79 @@ class PullRequest:
 
 STACK: tuple[PullRequest, ...] = (
     PullRequest(
-        "Hand a dataloader_iter step the batches it consumes, counted, one batch looked ahead",
+        "Hand a dataloader_iter step its batches through a fetcher that looks one batch ahead",
         """
-A step taking `dataloader_iter` got an iterator over Lightning's data fetcher: progress, limits and
-`val_check_interval` counted its calls rather than its batches, `on_train_batch_start` saw the previous call's batch,
-`done` was known only after the step had read past the end, and its batches skipped the transfer hooks. The loops now
-give it a fetcher that looks one batch ahead and counts what it hands out, with one iterator per loop over a
-dataloader, and checkpoints record the loaders' state as of the batches the step consumed.
+A training step taking `dataloader_iter` got Lightning's data fetcher unchanged: progress, `limit_train_batches`,
+`val_check_interval` and `accumulate_grad_batches` counted calls instead of batches, `on_train_batch_start` saw the
+previous call's batch, `done` was known only after a `next()` past the end, the transfer hooks never ran, and a
+checkpoint recorded the loader's state after the batches fetched ahead. The fetcher now looks one batch ahead,
+transfers each batch, and counts what the step takes; the training loop counts batches in progress and limits,
+accumulates over step calls, and warns when a call runs out of batches.
 """,
         """
-A step that consumes one batch per call notices nothing but the transfer hooks, which now run on its batches (a
-step that moved them itself may stop doing so). A step that consumes several batches per call sizes `limit_*_batches`
-and `val_check_interval` in batches, as the regular flavour does, no longer in calls; `on_train_batch_start` gets the
-batch the call takes first, never `None`.
+A step that takes one batch per call notices the transfer hooks, which now run on its batches. A step that takes
+several batches per call states `limit_train_batches` and `val_check_interval` in batches. A step that took part of a
+call's batches before `StopIteration` asks `dataloader_iter.has_batches(n)` first.
 """,
-        (
-            Commit((1, 2, 4, 11, 16), "Count the batches a dataloader_iter step consumes, looking one ahead"),
-            Commit((6,)),
-        ),
+        (Commit((1,)),),
     ),
     PullRequest(
-        "Steps that take several batches per call: drain calls, the optimizer step after the step, the ranks' vote",
+        "Give evaluation and prediction steps taking dataloader_iter an iterator per dataloader",
         """
-A step that pipelines (it pulls batch i+1 before it trains batch i) or takes k batches per call needs the loop to
-call it once more at the end of the data, to step the optimizer only after it has seen what the call took, and under
-DDP to stop every rank at the same call. The loops now make drain calls where the step pulled ahead, run the closure
-before the optimizer step, give evaluation and prediction one iterator per dataloader, and carry the ranks'
-end-of-data vote in the collective they already make per batch. Misuse is refused with a message that names the fix.
+Validation, test and prediction steps taking `dataloader_iter` got one iterator over all their dataloaders, so one
+call could mix the batches of two. Each dataloader now gets an iterator of its own, and progress counts batches.
 """,
         """
-A pipelining step that holds batches at the end of the data gets drain calls: it trains what it holds and returns
-`None` (or raises `StopIteration`) when it has nothing left. `accumulate_grad_batches` counts step calls. A
-`StopIteration` the step raises itself while its iterator has batches left is now an error, not the end of the epoch;
-a step taking both a batch and `dataloader_iter` is refused when the fit starts. A pipeline-parallel step asks
-`dataloader_iter.has_batches(k)` before it starts k micro-batches.
+A step that relied on one call spanning dataloaders takes the next dataloader's batches in the next call.
 """,
-        (Commit((3,)), Commit((5,)), Commit((7,)), Commit((8,)), Commit((10,))),
+        (Commit((2,)),),
     ),
     PullRequest(
-        "Logging and callbacks count every batch a dataloader_iter step consumed",
+        "Stop every rank at the same dataloader_iter step call",
         """
-`self.log` needed `batch_size=` for the flavour, `ThroughputMonitor` counted one batch per call, the LR finder
-recorded a rate per batch rather than per optimizer step, and `BasePredictionWriter` refused a `predict_step` taking
-`dataloader_iter`. Each now reads the batches the running call consumed, which the loop records.
+Under DDP, a rank whose data ended stopped while its peers waited in the next gradient all-reduce. After each call of
+a step taking `dataloader_iter` the ranks now agree whether the data has ended, and whether the next call may take
+the last batch, in one all-reduce that replaces the SIGTERM broadcast made before each batch.
 """,
         """
-`batch_size=` in `self.log` can go where the batches' size can be inferred. A prediction writer for the flavour
-gets every batch's indices of the call, and `batch=None` in a drain call.
+Nothing: a rank with batches left when another rank's data ended warns that they are not trained.
 """,
-        (Commit((9,)), Commit((12,)), Commit((13,)), Commit((14,)), Commit((15,))),
+        (Commit((3,)),),
+    ),
+    PullRequest(
+        "Call a dataloader_iter step again after its data ends, when the module asks",
+        """
+A step that pipelines (it takes batch i+1 before it trains batch i) holds a batch when the data ends. With
+`self.drain_dataloader_iter = True` the loops call the step again until it returns `None` or raises
+`StopIteration`; without it, the loops warn where a step's first call took more batches than its later ones.
+""",
+        """
+A pipelining step sets `self.drain_dataloader_iter = True` and returns `None` once it holds no batch.
+""",
+        (Commit((4,)),),
+    ),
+    PullRequest(
+        "Count every batch of a dataloader_iter step call in ThroughputMonitor and prediction writers",
+        """
+`ThroughputMonitor` counted one batch per call of a step taking `dataloader_iter`, the call's last, and
+`BasePredictionWriter` refused such a `predict_step`. The monitor now counts every batch the call took, and the
+writers get the sample indices of every batch of the call.
+""",
+        """
+A writer that refused the flavour's `predict_step` itself may drop its own guard.
+""",
+        (Commit((5,)),),
+    ),
+    PullRequest(
+        "Let the LR finder ask the loop whether the optimizer steps",
+        """
+The LR finder recorded a rate whenever `(batch_idx + 1) % accumulate_grad_batches == 0`. It now asks the loop
+whether the running call steps the optimizer, which counts step calls for a step taking `dataloader_iter`.
+""",
+        """
+Nothing.
+""",
+        (Commit((6,)),),
     ),
 )
 

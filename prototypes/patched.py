@@ -10,7 +10,6 @@ User code::
             return loss
 
     trainer = DESIGNS["patched"].trainer(max_epochs=1)  # a plain pytorch_lightning.Trainer
-    trainer = DESIGNS["patched"].variant(depth="auto").trainer(max_epochs=1)  # with the opt-in prefetch thread
     trainer.fit(Model(), train_dataloaders=loader)
 
 Nothing here changes Lightning: the change is in the installed package, built by ``python -m patch.environment``
@@ -23,7 +22,6 @@ environment: a stock package under this name would report stock Lightning's beha
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import importlib
 from pathlib import Path
@@ -42,41 +40,9 @@ PATCH_DIR = Path(__file__).resolve().parent.parent / "patch"
 
 def patch_sources(patch_dir: Path = PATCH_DIR) -> list[Path]:
     """The sources that decide the patched package: the edit engine, the series writer, the stack's grouping, the
-    transplant, the items, and every prototype module they import, directly or through one another (the code the
-    series carries into Lightning is read from them)."""
-    own = [patch_dir / "edits.py", patch_dir / "series.py", patch_dir / "stack.py", patch_dir / "transplant.py",
-           *(patch_dir / "items").rglob("*.py")]
-    root, imported, todo = patch_dir.parent, set(), [path for path in own if path.is_file()]
-    while todo:
-        for module in _prototype_imports(todo.pop()):
-            path = _module_file(root, module)
-            if path is not None and path not in imported:
-                imported.add(path)
-                todo.append(path)
-    return sorted([*own, *imported])
-
-
-def _prototype_imports(path: Path) -> set[str]:
-    """The ``prototypes`` modules ``path`` imports (for ``from a import b``, both ``a`` and ``a.b``: ``b`` may be a
-    module)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prototypes"):
-            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
-        elif isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names if alias.name.startswith("prototypes")}
-    return names
-
-
-def _module_file(root: Path, module: str) -> Path | None:
-    """The file of ``module`` under ``root``; None for the registry (``prototypes/__init__.py`` names every design,
-    none of which the series carries) and for a name that is not a module."""
-    path = root.joinpath(*module.split("."))
-    if path.with_suffix(".py").is_file():
-        return path.with_suffix(".py")
-    if module != "prototypes" and (path / "__init__.py").is_file():
-        return path / "__init__.py"
-    return None
+    migration rows its descriptions carry, and the items (the code written into Lightning is theirs alone)."""
+    own = [patch_dir / "edits.py", patch_dir / "series.py", patch_dir / "stack.py", patch_dir / "migration.py"]
+    return sorted([*own, *(patch_dir / "items").rglob("*.py")])
 
 
 def patch_sources_digest(patch_dir: Path = PATCH_DIR) -> str | None:
@@ -121,7 +87,7 @@ DESIGN = Design(
     name="patched",
     summary="pytorch-lightning 2.6.6 with the RFC's patch series applied: a plain Trainer of the patched package",
     make_trainer=_patched_trainer,
-    # Why no thread options: the series leaves the prototype's opt-in prefetch thread out (the RFC defers it)
+    # Why no thread options: the series has no prefetch thread
     changes_lightning_loops=True,
     unavailable_reason=unavailable_reason,
 )

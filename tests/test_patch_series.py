@@ -11,6 +11,7 @@ what the first added, so they apply in order only.
 from __future__ import annotations
 
 import email
+import json
 import os
 import re
 import runpy
@@ -171,6 +172,25 @@ def test_the_added_lines_speak_lightnings_language_in_its_line_length(generated)
             elif line.startswith("+") and ((source_file and len(line) - 1 > LINE_LENGTH) or OUR_WORDS_RE.search(line)):
                 found.append(f"{path.name}: {line[1:][:140]}")
     assert not found, "added lines Lightning would not take:\n" + "\n".join(found)
+
+
+# what a change to Lightning must not reach for: torch's private DDP state, hooks on what the user did not ask to hook
+PRIVATE_OR_GLOBAL = ("_comm_hooks", "_use_python_reducer", "register_comm_hook", "register_optimizer_step_pre_hook",
+                     "_version")
+
+
+def test_the_added_lines_use_no_private_torch_state_and_no_global_hook(generated):
+    if generated["items"] is not ITEMS:
+        pytest.skip("the series of the items made here for the test")
+    found = [f"{path.name}: {line[1:].strip()}" for path in generated["repository"]
+             for line in path.read_text().splitlines()
+             if line.startswith("+") and not line.startswith("+++") and any(name in line for name in PRIVATE_OR_GLOBAL)]
+    assert not found, "added lines that use torch's private state or a process-global hook:\n" + "\n".join(found)
+
+
+def test_the_summary_of_the_committed_series_is_within_its_budgets():
+    summary = json.loads((Path(__file__).resolve().parent.parent / "rfc" / "results" / "patch-series.json").read_text())
+    assert not series.over_budget(summary)
 
 
 def test_every_commit_passes_lightnings_ruff_on_the_files_it_touches(generated, tmp_path):

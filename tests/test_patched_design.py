@@ -54,11 +54,10 @@ def test_with_the_marker_of_this_checkouts_sources_it_runs_in_the_default_select
     assert type(DESIGN.trainer(**harness_common.QUIET)) is pl.Trainer and DESIGN.changes_lightning_loops
 
 
-def test_the_sources_digest_follows_every_item_the_engine_and_the_prototypes_it_carries(tmp_path):
+def test_the_sources_digest_follows_every_item_and_the_engine(tmp_path):
     checkout = Path(patched.PATCH_DIR).parent
     copy = tmp_path / "patch"
-    for folder in ("patch", "prototypes"):
-        shutil.copytree(checkout / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(checkout / "patch", copy, ignore=shutil.ignore_patterns("__pycache__"))
     digest = patched.patch_sources_digest(copy)
     assert digest == patched.patch_sources_digest()
     (copy / "items" / "new_item.py").write_text("X = 1\n")
@@ -66,16 +65,10 @@ def test_the_sources_digest_follows_every_item_the_engine_and_the_prototypes_it_
     assert with_item not in (None, digest)
     (copy / "lightning_tests.py").write_text("# the runner of Lightning's tests does not change the package\n")
     assert patched.patch_sources_digest(copy) == with_item
-    # the code the series carries into Lightning: the transplant, and the prototype modules it reads
-    for carried in (copy / "transplant.py", copy / "stack.py", tmp_path / "prototypes" / "prefetcher" / "fetcher.py",
-                    tmp_path / "prototypes" / "lightning_changes" / "draining.py"):
+    for source in (copy / "stack.py", copy / "series.py", copy / "migration.py"):
         before = patched.patch_sources_digest(copy)
-        carried.write_text(carried.read_text() + "\n# edited\n")
-        assert patched.patch_sources_digest(copy) not in (None, before), carried
-    # a design the series does not carry leaves the identity alone
-    before = patched.patch_sources_digest(copy)
-    (tmp_path / "prototypes" / "callback.py").write_text("# edited\n")
-    assert patched.patch_sources_digest(copy) == before
+        source.write_text(source.read_text() + "\n# edited\n")
+        assert patched.patch_sources_digest(copy) not in (None, before), source
     (copy / "edits.py").unlink()
     assert patched.patch_sources_digest(copy) is None  # no checkout: nothing to compare
 

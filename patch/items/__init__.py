@@ -12,6 +12,14 @@ from pathlib import Path
 
 from patch.edits import LightningSource, ModuleSource
 
+ISSUES = "https://github.com/Lightning-AI/pytorch-lightning/issues/"
+
+
+def issue(number: int) -> str:
+    """A link to one of Lightning's issues, as its CHANGELOG writes one."""
+    return f"[#{number}]({ISSUES}{number})"
+
+
 # the items' tests, at the paths they take under Lightning's tests/tests_pytorch
 TESTS_HERE = Path(__file__).resolve().parent.parent / "tests_pytorch"
 
@@ -39,7 +47,9 @@ class Item:
     ``"Changed"``, ``"Fixed"``), what a user reads in the release notes. ``tests``: the test modules the item adds to
     Lightning's ``tests/tests_pytorch`` (paths under it), written here in ``patch/tests_pytorch/`` at the same paths;
     they go where Lightning's tests are, so into the stack made on Lightning's repository (the sdist has none), as do
-    ``updated_tests``, Lightning's own tests that assert what the item changes, updated in the item's commit."""
+    ``updated_tests``, Lightning's own tests that assert what the item changes, updated in the item's commit.
+    ``docs``: sections of Lightning's documentation, each ``(page, text)``, a page under ``docs/source-pytorch`` and
+    the reStructuredText appended to it (the first creates it); like the tests, only a repository has them."""
 
     number: int
     title: str
@@ -49,6 +59,7 @@ class Item:
     changelog: tuple[tuple[str, str], ...] = ()
     tests: tuple[str, ...] = ()
     updated_tests: tuple[UpdatedTest, ...] = ()
+    docs: tuple[tuple[str, str], ...] = ()
 
     def apply(self, source: LightningSource, tests_root: Path | None = None) -> None:
         """The item's edits and CHANGELOG entries; its tests and its updates of Lightning's tests too where
@@ -63,6 +74,11 @@ class Item:
         for updated in self.updated_tests if tests_root is not None else ():
             dotted = updated.module.removesuffix(".py").replace("/", ".")
             updated.edit(ModuleSource(tests_root / updated.module, f"tests_pytorch.{dotted}"))
+        for page, text in self.docs if tests_root is not None else ():
+            path = tests_root.parent.parent / "docs" / "source-pytorch" / page
+            path.parent.mkdir(parents=True, exist_ok=True)
+            before = path.read_text() + "\n" if path.exists() else ""
+            path.write_text(before + textwrap.dedent(text).strip("\n") + "\n")
 
     def body(self) -> str:
         """What a commit of this item says below its subject: ``why``, then the Lightning tests it updates and why."""
@@ -82,30 +98,9 @@ class Item:
 
 def _items() -> tuple[Item, ...]:
     # Why imported here: each item module imports `Item` from this package
-    from patch.items import (
-        accumulation,
-        checkpoints,
-        draining,
-        evaluation,
-        log_batch_size,
-        look_ahead,
-        lr_finder,
-        misuse,
-        no_edits_of_their_own,
-        prediction_writer,
-        progress,
-        stepping_batches,
-        throughput,
-        vote,
-    )
+    from patch.items import callbacks, draining, evaluation, look_ahead, lr_finder, ranks
 
-    modules = (
-        progress, look_ahead, draining, accumulation, checkpoints, evaluation, vote, log_batch_size, misuse, lr_finder,
-        stepping_batches, throughput, prediction_writer,
-    )
-    notes = no_edits_of_their_own
-    items = [module.ITEM for module in modules] + [notes.TRANSFER, notes.LIMITS, notes.TRAINER_OBJECT]
-    return tuple(sorted(items, key=lambda item: item.number))
+    return tuple(module.ITEM for module in (look_ahead, evaluation, ranks, draining, callbacks, lr_finder))
 
 
 ITEMS: tuple[Item, ...] = _items()

@@ -1,157 +1,231 @@
-"""[RFC 3] Drain a pipelining step at the end of the data."""
+"""Drain calls, on request: ``LightningModule.drain_dataloader_iter`` has the loop call a step taking
+``dataloader_iter`` again after its data ended, until it returns ``None``; without it, a warning where the loop can
+tell that the step holds batches."""
 
-from patch.edits import LightningSource, ModuleSource
-from patch.items import Item, UpdatedTest
-from patch.items.look_ahead import FETCHERS, NAMES, UTILITIES
-from patch.transplant import methods_source, renamed
-from prototypes.common import NoProgressGuard
-from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop, DrainsHeldBatches
-from prototypes.prefetcher.loops import _PrefetchingEpochLoop
+import ast
+
+from patch.edits import LightningSource, assigns
+from patch.items import Item, issue
+
+END_OF_DATA = '''
+def _end_of_data(self, step_call: Callable[[], Any], drain: bool) -> None:
+    """Calls ``step_call`` after the dataloader's last batch while it returns an output, if ``drain``.
+
+    Warns if the step may still hold batches then: if its first call took more batches than each later one (but the
+    last), and fewer calls after the end of the data returned an output.
+
+    Args:
+        step_call: Calls the step and returns whether it returned an output.
+        drain: Whether the module asked for the calls.
+
+    """
+    counts = self._batches_per_call
+    held = counts[0] - max(counts[1:-1]) if len(counts) > 2 else 0
+    if drain:
+        held -= self._drain(step_call)
+    if held > 0:
+        fix = (
+            "return an output from each call after the end of the data that uses one"
+            if drain
+            else "set `self.drain_dataloader_iter = True` in your `LightningModule`, and the loop calls the step"
+            " again until it returns `None`"
+        )
+        self._warning_cache.warn(
+            f"The step taking `dataloader_iter` took {held} more batch(es) in its first call than in each later"
+            f" call, so it may still hold them now that the data has ended: they are not trained or evaluated. To"
+            f" use them, {fix}.",
+            category=PossibleUserWarning,
+        )
+
+def _drain(self, step_call: Callable[[], Any]) -> int:
+    """Calls ``step_call`` until it returns no output or raises ``StopIteration``.
+
+    Returns:
+        The number of calls that returned an output.
+
+    """
+    for calls in range(100):
+        try:
+            if not step_call():
+                return calls
+        except StopIteration:
+            return calls
+    raise RuntimeError(
+        "The step taking `dataloader_iter` was called 100 times after the end of its data and returned an output"
+        " every time. Return `None` or raise `StopIteration` once it holds no more batches."
+    )
+'''
 
 
 def _drain(source: LightningSource) -> None:
-    source.module("core.module").extend_docstring(
-        "LightningModule.training_step",
+    module = source.module("core.module")
+    module.insert_in_body(
+        "LightningModule.__init__",
         """
-        A step that pulls batches ahead of the ones it trains (it took more batches in its first call than it takes
-        per call afterwards) is called again after the epoch's last batch, with ``dataloader_iter.done`` ``True``, so
-        that it trains what it holds: these drain calls go on until one raises ``StopIteration`` (its ``next()`` does)
-        or returns ``None`` without stepping an optimizer.
+        #: Whether a step taking ``dataloader_iter`` is called again after the end of its data, until it returns
+        #: ``None``: for a step that holds batches it has taken but not yet used.
+        self.drain_dataloader_iter: bool = False
         """,
-        before_section="Note:",
+        after=lambda node: isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "self._strict_loading",
     )
-    epoch_loop = source.module("loops.training_epoch_loop")
-    epoch_loop.add_import(
-        f"from {UTILITIES} import _DRAIN_CALL_TRAINED_UNSEEN, _HELD_BATCHES_NOT_DRAINED, _drain, _epoch_stopped_early,"
-        " _optimizer_steps"
+
+    fetchers = source.module("loops.fetchers")
+    fetchers.add_import("from pytorch_lightning.utilities.rank_zero import WarningCache")
+    fetchers.insert_in_body("_DataLoaderIterDataFetcher.__init__", "self._warning_cache = WarningCache()", at_end=True)
+    fetchers.insert(END_OF_DATA, after="_DataLoaderIterDataFetcher._end_step_call")
+
+    loop = source.module("loops.training_epoch_loop")
+    loop.add_import("from collections.abc import Iterator")
+    loop.add_import("from pytorch_lightning.loops.fetchers import _DataFetcherWrapper")
+    loop.insert(
+        '''
+        def _drain_call(self, dataloader_iter: Iterator) -> bool:
+            """Calls the step after the end of the data.
+
+            Returns:
+                Whether the call returned an output.
+
+            """
+            trainer = self.trainer
+            kwargs = OrderedDict(any=dataloader_iter)
+            trainer._logger_connector.on_batch_start(None)
+            with trainer.profiler.profile("run_training_batch"):
+                if trainer.lightning_module.automatic_optimization:
+                    # a window of its own: its optimization zeroes the gradients first
+                    output = self.automatic_optimization.run(trainer.optimizers[0], 0, kwargs)
+                else:
+                    output = self.manual_optimization.run(kwargs)
+            trainer._logger_connector.on_batch_end()
+            if output:
+                self.update_lr_schedulers("step", update_plateau_schedulers=False)
+                self._batches_that_stepped += 1
+                trainer._logger_connector.update_train_step_metrics()
+            return bool(output)
+        ''',
+        after="_TrainingEpochLoop._look_for_end_of_data",
     )
-    epoch_loop.add_import("import warnings")
-    epoch_loop.add_import(
-        f"from {FETCHERS} import _PULLED_AHEAD, _RanksVote, _every_rank_has_a_batch, _makes_drain_calls"
+    advance = "_TrainingEpochLoop.advance"
+    # no drain call after a call cut short: the step took what was left, and holds nothing it could finish
+    loop.replace_statement(
+        advance, assigns("should_skip_rest_of_epoch"), "should_skip_rest_of_epoch = call_cut_short = False", nth=0
     )
-    epoch_loop.add_import("from collections.abc import Callable, Iterator")
-    epoch_loop.insert(
-        renamed(
-            methods_source(_PrefetchingEpochLoop, ("_step_calls_this_epoch",
-                                                   "_consumed_by_last_call", "_pulled_ahead", "_draining",
-                                                   "_run_drain_call", "_vote_since_the_last_call",
-                                                   "_vote_after_drain_call"))
-            + "\n"
-            + methods_source(DrainsHeldBatches, ("_drain_rule", "_drain_if_the_data_ended", "_drain_held_batches",
-                                                 "_drain_call")),
-            NAMES,
-        ),
-        after="_TrainingEpochLoop.advance",
+    loop.insert_in_body(
+        advance,
+        "call_cut_short = True",
+        after=lambda node: isinstance(node, ast.If)
+        and ast.unparse(node.test).startswith("not trainer.lightning_module"),
     )
-    # whether the ranks vote on the end of data (under DDP the drain calls need it), decided once per combined loader
-    epoch_loop.add_import(f"from {FETCHERS} import _end_of_data_vote_needed")
-    epoch_loop.add_import("from pytorch_lightning.utilities.combined_loader import CombinedLoader")
-    epoch_loop.insert_in_body(
-        "_TrainingEpochLoop.__init__",
+    loop.insert_in_body(
+        advance,
         """
-        self._vote_decided_for: Optional[CombinedLoader] = None  # the combined loader `_ranks_vote` was decided for
-        self._ranks_vote = False
+        if (
+            isinstance(dataloader_iter, _DataFetcherWrapper)
+            and self.batch_progress.is_last_batch
+            and not call_cut_short
+        ):
+            drain_call = functools.partial(self._drain_call, dataloader_iter)
+            dataloader_iter.data_fetcher._end_of_data(drain_call, trainer.lightning_module.drain_dataloader_iter)
         """,
         at_end=True,
     )
-    epoch_loop.insert(
-        renamed(methods_source(BatchCountingEpochLoop, ("_ranks_vote_every_step",)), NAMES),
-        after="_TrainingEpochLoop._drain_call",
-    )
-    epoch_loop.insert_in_body(
-        "_TrainingEpochLoop.advance",
-        """
-        fetcher = self.trainer.fit_loop.prefetching_fetcher
-        # batches a pipelining step still holds belong to this epoch's training: drained before the epoch-end
-        # validation of `on_advance_end`; on one rank there is nothing to do before the data's end (the record's
-        # `ranks_vote` is `_ranks_vote_every_step()` without a call, off only once the ranks agreed the data ended)
-        if fetcher is not None and (self.batch_progress.is_last_batch or fetcher.calls.ranks_vote):
-            self._drain_if_the_data_ended(fetcher.calls.call.cut_short)
-        """,
-        at_end=True,
-    )
-    epoch_loop.insert_in_body(
-        "_TrainingEpochLoop.on_run_start",
-        """
-        fetcher = self.trainer.fit_loop.prefetching_fetcher
-        if fetcher is not None:  # the drain rule cannot see the calls before the checkpoint
-            fetcher.calls.taken.resumed_mid_epoch = self.batch_progress.current.ready > 0
-        """,
-        at_end=True,
-    )
+
+    for dotted, step, drain_call in (
+        ("loops.evaluation_loop", "_EvaluationLoop._evaluation_step", '''
+            def _drain_call(self, dataloader_iter: Iterator, dataloader_idx: int) -> bool:
+                """Calls the step after the end of its dataloader.
+
+                Returns:
+                    Whether the call returned an output.
+
+                """
+                trainer = self.trainer
+                trainer._logger_connector.on_batch_start(None, dataloader_idx if self.num_dataloaders > 1 else None)
+                hook_name = "test_step" if trainer.testing else "validation_step"
+                output = call._call_strategy_hook(trainer, hook_name, dataloader_iter)
+                trainer._logger_connector.on_batch_end()
+                if output is not None and not trainer.sanity_checking:
+                    trainer._logger_connector.update_eval_step_metrics(self._seen_batches_per_dataloader[dataloader_idx])
+                    self._seen_batches_per_dataloader[dataloader_idx] += 1
+                return output is not None
+            '''),
+        ("loops.prediction_loop", "_PredictionLoop._predict_step", '''
+            def _drain_call(self, dataloader_iter: Iterator, dataloader_idx: int) -> bool:
+                """Calls the step after the end of its dataloader.
+
+                Returns:
+                    Whether the call returned a prediction.
+
+                """
+                predictions = call._call_strategy_hook(self.trainer, "predict_step", dataloader_iter)
+                if predictions is not None and self._return_predictions:
+                    self._predictions[dataloader_idx].append(move_data_to_device(predictions, torch.device("cpu")))
+                return predictions is not None
+            '''),
+    ):
+        module = source.module(dotted)
+        module.add_import("from pytorch_lightning.loops.fetchers import _DataFetcherWrapper")
+        module.insert_in_body(
+            step,
+            """
+            if isinstance(dataloader_iter, _DataFetcherWrapper) and dataloader_iter.done:
+                drain_call = functools.partial(self._drain_call, dataloader_iter, dataloader_idx)
+                dataloader_iter.data_fetcher._end_of_data(drain_call, trainer.lightning_module.drain_dataloader_iter)
+            """,
+            at_end=True,
+        )
+        module.insert(drain_call, after=step)
 
 
-STEP_METHODS_TEST = "test_step_methods_with_dataloader_iter"
-# the limit of each stage's batches, as the test names it
-STAGE_LIMITS = {
-    "training": "limit_train_batches", "sanity_validation": "limit_sanity_val_batches",
-    "validation": "limit_eval_batches", "test": "limit_eval_batches", "predict": "limit_eval_batches",
-}
+PAGE = """
+Steps that hold batches
+=======================
 
+A step that takes batch ``i + 1`` before it trains batch ``i`` still holds a batch when the data ends. To train it, set
+``self.drain_dataloader_iter = True``. Lightning then calls the step again after the last batch, with ``done`` already
+``True``, until a call returns ``None`` or raises ``StopIteration``. Each such call is a step call: its loss is
+backpropagated and stepped, and no batch hook runs around it.
 
-def count_drain_calls(test: ModuleSource, stages: tuple[str, ...]) -> None:
-    """In Lightning's test of the step methods (two batches per call), the stages' counts of step calls entered and
-    of StopIteration raised include the drain call (``calls`` and ``drain_calls``, which the training stage's update
-    adds)."""
-    alternatives = "|".join(stages)
-    test.substitute(
-        STEP_METHODS_TEST,
-        rf'\["({alternatives})"\]\["entered"\] == length\(data, (\w+)\) // fetches_per_step$',
-        r'["\1"]["entered"] == calls(data, \2)',
-    )
-    test.substitute(
-        STEP_METHODS_TEST,
-        rf'\["({alternatives})"\]\["raised"\] == 0$',
-        lambda found: f'["{found[1]}"]["raised"] == drain_calls(data, {STAGE_LIMITS[found[1]]})',
-    )
+.. code-block:: python
 
+    class Pipelined(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.drain_dataloader_iter = True
+            self.held = None
 
-def _training_counts_its_drain_call(test: ModuleSource) -> None:
-    test.insert(
-        """
-        def drain_calls(iterable, limit):
-            # a step whose only call took more than one batch may hold one: the loop calls it once more, without one
-            return int(length(iterable, limit) == fetches_per_step)
+        def training_step(self, dataloader_iter):
+            if self.held is None:
+                # with nothing held after the end, this raises `StopIteration`: the loop stops calling
+                self.held = next(dataloader_iter)
+            batch, _, _ = self.held
+            self.held = next(dataloader_iter, None)  # start loading the next batch
+            return self.compute_loss(batch)
 
-        def calls(iterable, limit):
-            return length(iterable, limit) // fetches_per_step + drain_calls(iterable, limit)
-        """,
-        after=f"{STEP_METHODS_TEST}.length",
-    )
-    count_drain_calls(test, ("training",))
+Under automatic optimization a call that returns ``None`` counts as an optimizer step, as for any training step, so
+end with ``StopIteration`` there. Validation, test and prediction steps are called again at each dataloader's end in
+the same way. Under DDP every rank
+must hold as many batches, because each of these calls all-reduces its gradients.
+
+Without ``drain_dataloader_iter`` Lightning never calls a step after its data ended. Where the step's first call took
+more batches than its later calls, Lightning warns that the step may still hold them.
+"""
 
 
 ITEM = Item(
-    3,
-    "Drain a pipelining step at the end of the data",
-    f"""
-A step that pipelines (it pulled batch i+1 and keeps it for the next call) still holds untrained batches when the
-epoch's last batch has been handed out; Lightning ended the epoch and dropped them. After the call that took the last
-batch of a dataloader in which the step pulled ahead (its calls took more batches than their steady rate: a pipeline
-fills in its first calls), the loop now calls the step again with the exhausted iterator (`done` True on entry) until
-a call raises `StopIteration` or does no work (returns nothing and steps no optimizer), before the epoch-end
-validation. A step that takes the same number of batches in every call gets no drain call: on a pipeline stage after
-the first, one would wait for an activation that never comes. A drain that never ends (a step that keeps returning a
-loss after the data ended) is an error after {NoProgressGuard.LIMIT} calls, naming the fix. A drain call
-has no batch hooks and counts no batch; one that steps an optimizer is a step of the loop (schedulers, a logger row of
-its own). Under DDP the ranks vote after every drain call, so all make the same number; whether they drain at all
-travels in the vote between the calls (no collective of its own).
+    4,
+    "Call a dataloader_iter step again after its data ends, when the module asks for it",
+    """
+A step that pipelines (it takes batch i+1 before it trains batch i) holds a batch when its data ends, and the loop
+never called it again for sized loaders. `LightningModule.drain_dataloader_iter = True` has the training,
+evaluation and prediction loops call the step again after each dataloader's last batch until it returns `None` or
+raises `StopIteration`. Without it the loop makes no such call, and warns where the step's first call took more
+batches than its later ones, as a step that holds batches does.
 """,
     _drain,
     changelog=(
-        ("Added", (
-            "A `training_step(dataloader_iter)` that pulled batches ahead of its calls is called again after "
-            "the epoch's last batch, with the exhausted iterator, until a call raises `StopIteration` or does"
-            ' no work, so that a pipelining step trains the batches it holds'
-        )),
+        ("Added", "`LightningModule.drain_dataloader_iter`: the loops call a step taking `dataloader_iter` again"
+                  f" after its data ends, until it returns `None` ({issue(18498)})"),
     ),
     tests=("loops/test_dataloader_iter_drain.py",),
-    updated_tests=(
-        UpdatedTest(
-            "loops/test_fetchers.py", STEP_METHODS_TEST,
-            "where the training data is a single call's two batches, the loop drains it: the step is entered once "
-            "more and its next() raises StopIteration",
-            _training_counts_its_drain_call,
-        ),
-    ),
+    docs=(("data/dataloader_iter.rst", PAGE),),
 )

@@ -13,45 +13,74 @@
 # limitations under the License.
 from torch.utils.data import DataLoader
 
-from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
+from tests_pytorch.helpers.dataloader_iter import quiet_trainer
 
 
 class ReadsItsDataloaderToTheEnd(BoringModel):
     def __init__(self):
         super().__init__()
         self.calls = []
+        self.transferred = 0
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.transferred += 1
+        return batch
 
     def validation_step(self, dataloader_iter):
-        taken = [dataloader_idx for _, _, dataloader_idx in dataloader_iter]
-        self.calls.append(taken)
+        self.calls.append([(batch_idx, dataloader_idx) for _, batch_idx, dataloader_idx in dataloader_iter])
 
 
 def test_each_evaluation_dataloader_gets_an_iterator_of_its_own(tmp_path):
     model = ReadsItsDataloaderToTheEnd()
-    trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = quiet_trainer(tmp_path, limit_val_batches=1.0)
     loaders = [DataLoader(RandomDataset(32, 4), batch_size=2), DataLoader(RandomDataset(32, 6), batch_size=2)]
-    trainer.validate(model, loaders)
+    trainer.validate(model, loaders, verbose=False)
 
-    # a call that found its dataloader's iterator exhausted (a drain call, which takes nothing) is left out
-    assert [taken for taken in model.calls if taken] == [[0, 0], [1, 1, 1]]
+    assert model.calls == [[(0, 0), (1, 0)], [(0, 1), (1, 1), (2, 1)]]
+    assert trainer.validate_loop.batch_progress.total.completed == 5
+    assert model.transferred == 5
 
 
-def test_a_pipelining_predict_step_predicts_the_batch_it_holds_at_the_end_of_its_dataloader(tmp_path):
-    class PipeliningPredictions(BoringModel):
-        held = None
-
+def test_prediction_counts_the_batches_the_step_took(tmp_path):
+    class PredictsTwoBatches(BoringModel):
         def predict_step(self, dataloader_iter):
-            if self.held is None:
-                self.held = next(dataloader_iter)
-            _, batch_idx, _ = self.held
-            try:
-                self.held = next(dataloader_iter)
-            except StopIteration:
-                self.held = None
-            return batch_idx
+            return [batch_idx for _, batch_idx, _ in (next(dataloader_iter), next(dataloader_iter))]
 
-    trainer = Trainer(default_root_dir=tmp_path, logger=False, enable_progress_bar=False, enable_model_summary=False)
-    predictions = trainer.predict(PipeliningPredictions(), DataLoader(RandomDataset(32, 8), batch_size=2))
+    trainer = quiet_trainer(tmp_path)
+    predictions = trainer.predict(PredictsTwoBatches(), DataLoader(RandomDataset(32, 8), batch_size=2))
 
-    assert predictions == [0, 1, 2, 3]
+    assert predictions == [[0, 1], [2, 3]]
+    assert trainer.predict_loop.batch_progress.total.completed == 4
+
+
+def test_a_validation_call_that_runs_out_ends_its_dataloader_only(tmp_path):
+    class TakesTwo(BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.taken = []
+
+        def validation_step(self, dataloader_iter):
+            for _ in range(2):
+                self.taken.append(next(dataloader_iter)[1:])
+
+    model = TakesTwo()
+    loaders = [DataLoader(RandomDataset(32, 6), batch_size=2), DataLoader(RandomDataset(32, 4), batch_size=2)]
+    trainer = quiet_trainer(tmp_path, limit_val_batches=1.0)
+    trainer.validate(model, loaders, verbose=False)
+
+    # the first dataloader's 3 batches: the second call takes one and runs out; the second dataloader goes on
+    assert model.taken == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
+    assert trainer.validate_loop.batch_progress.total.completed == 5
+
+
+def test_a_prediction_call_that_runs_out_ends_its_dataloader(tmp_path):
+    class PredictsTwo(BoringModel):
+        def predict_step(self, dataloader_iter):
+            return [next(dataloader_iter)[1] for _ in range(2)]
+
+    trainer = quiet_trainer(tmp_path)
+    predictions = trainer.predict(PredictsTwo(), DataLoader(RandomDataset(32, 6), batch_size=2))
+
+    assert predictions == [[0, 1], None]
+    assert trainer.predict_loop.batch_progress.total.completed == 3

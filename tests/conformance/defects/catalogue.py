@@ -7,6 +7,7 @@ from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.utilities.data import extract_batch_size
 
 import prototypes.common as common
+import prototypes.step_calls
 from prototypes import batches_per_call, lightning_changes
 from prototypes.batch_processor import evaluation as bp_evaluation
 from prototypes.batch_processor import lookahead as bp_lookahead
@@ -258,7 +259,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (_Fetcher, "end_step_call"), _after(lambda self, _: self._close_iterator()),
            (C14 + "test_iterator_is_one_object_per_epoch",)),
     Defect("empty_steps_spin", "C14", "batch_processor", "calls a step that consumes nothing forever",
-           (common.NoProgressGuard, "step_returned"), _instead(lambda self, consumed: None),
+           (prototypes.step_calls.NoProgressGuard, "step_returned"), _instead(lambda self, consumed: None),
            (C14 + "test_step_that_keeps_consuming_nothing_ends_with_an_error",), SIZED + " and never"),
     Defect("mixed_signature_accepted", "C14", "batch_processor",
            "accepts a step taking both a batch and `dataloader_iter`",
@@ -310,11 +311,11 @@ CATALOGUE: tuple[Defect, ...] = (
            (C17 + "test_held_batch_is_trained_at_a_limit",)),
     Defect("drains_every_step", "C17", "prefetcher",
            "makes drain calls after every epoch's data, whether or not the step pulled batches ahead",
-           (prefetch_loops._PrefetchingEpochLoop, "_drain_rule"), _instead(lambda self: common.ALWAYS),
+           (prefetch_loops._PrefetchingEpochLoop, "_drain_rule"), _instead(lambda self: prototypes.step_calls.ALWAYS),
            (C17 + "test_simple_step_needs_no_guard_and_loses_nothing",), "sized-w0-automatic"),
     Defect("pull_ahead_unseen", "C17", "prefetcher",
            "takes every step for one that trains what it pulls, so no pipelining step is drained",
-           (common.BatchesTakenPerCall, "pulled_ahead"), _instead(lambda self: False),
+           (prototypes.step_calls.BatchesTakenPerCall, "pulled_ahead"), _instead(lambda self: False),
            (C17 + "test_pipelining_step_trains_every_batch_once_per_epoch",), "sized-w0"),
     Defect("prediction_never_drains", "C17", "batch_processor",
            "ends a prediction dataloader without drain calls, while the predict step still holds a batch",
@@ -352,7 +353,7 @@ CATALOGUE: tuple[Defect, ...] = (
            (C19_PIPELINE + PIPELINE_TEST,), "k2-12batches-sized"),
     Defect("declined_call_does_not_end_the_data", "C19", "batch_processor",
            "calls the step again after it declined the batches left (`has_batches(k)` False, no batch taken)",
-           (common.StepCall, "declined"), _instead(property(lambda self: False)),
+           (prototypes.step_calls.StepCall, "declined"), _instead(property(lambda self: False)),
            (C19_PIPELINE + PIPELINE_TEST,), "k2-13batches-sized"),
     Defect("drains_once", "C19", "prefetcher",
            "ends the draining after one drain call, while a pipeline still holds a second batch",

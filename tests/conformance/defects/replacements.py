@@ -12,11 +12,11 @@ from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
 from pytorch_lightning.trainer import call
 
 from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
-from prototypes.common import RanksVote
 from prototypes.lightning_changes.draining import OptimizerSteps
 from prototypes.prefetcher import fetcher as prefetch_fetcher
 from prototypes.prefetcher import prefetch_thread
 from prototypes.prefetcher import producer as prefetch_producer
+from prototypes.ranks import RanksVote
 
 
 # --------------------------------------------------------------------------------------------------- replacements

@@ -18,6 +18,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import RandomDataset
 from tests_pytorch.helpers.dataloader_iter import TwoBatchesPerStep, quiet_trainer
 
+StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
 
 class FailsAtCall(TwoBatchesPerStep):
     def __init__(self, fail_at_call=None):
@@ -32,18 +34,19 @@ class FailsAtCall(TwoBatchesPerStep):
         return super().training_step(dataloader_iter)
 
 
-def test_resuming_mid_epoch_gets_exactly_the_batches_not_consumed(tmp_path):
+def test_resuming_mid_epoch_gets_exactly_the_batches_not_taken(tmp_path):
+    """The checkpoint records the loader's state as of the batches the step took, not the one fetched ahead."""
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1)
     model = FailsAtCall(fail_at_call=3)
     trainer = quiet_trainer(tmp_path, callbacks=[checkpoint], enable_checkpointing=True)
     with pytest.raises(RuntimeError, match="crash"):
-        trainer.fit(model, DataLoader(RandomDataset(32, 12), batch_size=2))
+        trainer.fit(model, StatefulDataLoader(RandomDataset(32, 12), batch_size=2))
     assert model.consumed == [0, 1, 2, 3]
 
     resumed = TwoBatchesPerStep()
     trainer = quiet_trainer(tmp_path)
     trainer.fit(
-        resumed, DataLoader(RandomDataset(32, 12), batch_size=2), ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt")
+        resumed, StatefulDataLoader(RandomDataset(32, 12), batch_size=2), ckpt_path=str(tmp_path / "epoch=0-step=2.ckpt")
     )
 
     assert resumed.consumed == [4, 5]
