@@ -4,7 +4,7 @@
 and rule: the verdict beside the same client driven by a plain loop ("as the plain loop", "loses batches, warned",
 "loses batches silently", "hangs", "error"). The rule is fixed here, before any run: the loop ships the candidate
 rule under which the fewest cases lose batches silently, hang or fail (ties go to the earlier candidate of
-``common.DRAIN_RULES``); stock Lightning's column stands beside them for comparison only. The block also
+``step_calls.DRAIN_RULES``); stock Lightning's column stands beside them for comparison only. The block also
 says what the code ships (the recommended design's ``drain`` default), so the two cannot drift apart unseen.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prototypes import DESIGNS
-from prototypes.common import DRAIN_RULES
+from prototypes.step_calls import DRAIN_RULES
 from rendering.decision import RECOMMENDED
 from rendering.markdown import cell, code, no_results, setup_line
 from rendering.pipelines import CPU_STAND_INS

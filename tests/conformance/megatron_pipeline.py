@@ -181,6 +181,7 @@ def can_start_a_whole_call(dataloader_iter: Any, micro_batches: int) -> bool:
 
 
 UNMODIFIED = "unmodified"  # a run's fourth field: the step as NeMo writes it today, without the check
+OPTS_IN = "opts in"  # after it: the module asks for drain calls (`drain_dataloader_iter`)
 
 
 class NeMoPipelineStage(pl.LightningModule):
@@ -254,6 +255,7 @@ def fit_stage(design, rank: int, kind: str, run: tuple[int, ...]) -> dict[str, A
         try:
             pipeline_parallel_state(rank, PG_TIMEOUT_S)
             module = NeMoPipelineStage(rank, micro_batches, checks_ahead=UNMODIFIED not in step)
+            module.drain_dataloader_iter = OPTS_IN in step
             outcome.update(trained=module.trained, global_steps=module.global_steps)
             outcome.update(reference=plain_pipeline_loop(rank, micro_batches, epoch_batches, loader_kind,
                                                          module.initial))

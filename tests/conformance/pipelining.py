@@ -17,6 +17,7 @@ class PipeliningModule(RecordingModule):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.trained: list[list[tuple[int, ...]]] = []
+        self.drain_dataloader_iter = True  # the opt-in to drain calls (C17)
 
     def on_train_epoch_start(self) -> None:
         super().on_train_epoch_start()

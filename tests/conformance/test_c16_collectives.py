@@ -110,8 +110,6 @@ def _fit_counted(design, rank: int, kind: str, pattern: tuple[int, ...]) -> dict
 
 
 COUNT_RUNS = [("regular", ()), ("flavour", (1,)), ("flavour", (2,)), ("async-handle", ())]
-# the same steps with DDP's communication hook left to the design (``CommunicationCount(comm_hook=False)``)
-CARRIED_RUNS = [("carried-flavour", (1,)), ("carried-flavour", (2,)), ("carried-async-handle", ())]
 LOSS_WITHOUT_PARAMETERS_RUN = ("carried-loss-without-parameters", (1,))
 ACCUMULATION_RUNS = [("accumulate", (per_call, accumulate)) for per_call, accumulate in ACCUMULATION]
 UNFORESEEN_END_RUN = ("accumulate", (*UNFORESEEN_END[0], UNFORESEEN_END[1]))
@@ -123,8 +121,8 @@ def _outcome(design, kind: str, pattern: tuple[int, ...]) -> dict:
     """The ranks' outcomes of one counted fit: the design's fits in one launch per design, stock's in one launch."""
     key = "stock" if kind.startswith("stock-") else design.id
     if key not in _LAUNCHES:
-        runs = STOCK_RUNS if key == "stock" else [*COUNT_RUNS, *ACCUMULATION_RUNS, UNFORESEEN_END_RUN, *CARRIED_RUNS,
-                                           LOSS_WITHOUT_PARAMETERS_RUN]
+        runs = STOCK_RUNS if key == "stock" else [*COUNT_RUNS, *ACCUMULATION_RUNS, UNFORESEEN_END_RUN,
+                                                   LOSS_WITHOUT_PARAMETERS_RUN]
         _LAUNCHES[key] = launch(design, [runs], fit=_fit_counted, deadline_s=DEADLINE_S)
     run = _LAUNCHES[key][kind, pattern]
     if run["hung"] or any(outcome is None for outcome in run["ranks"]):
@@ -173,36 +171,6 @@ def test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one(design, kin
             f" reads of their results; at most {allowed} of each: one per step call, as stock's one per batch"
             f" ({_stock_regular(rank)['collectives']} over its {_stock_regular(rank)['batches']} batches), and the"
             " vote that ends the data"
-        )
-
-
-@pytest.mark.timeout(TIMEOUT_S)
-@pytest.mark.parametrize("kind, pattern", CARRIED_RUNS, ids=["1-per-call", "2-per-call", "async-handle"])
-def test_a_step_call_meets_its_peers_only_in_the_gradients_all_reduce(design, kind, pattern, record_property):
-    """Where no other communication hook is registered on the DDP model, a step call that runs a backward meets its
-    peers once, in DDP's gradient all-reduce, as stock's regular batch does; beside it stock broadcasts rank 0's
-    SIGTERM flag before every batch, and the vote between two calls has no collective of its own either: it rides in
-    the gradients' all-reduce. Per epoch, however many calls, at most one collective besides the gradients' (the vote
-    before the first call, which no backward precedes) and, where the loop drains, one more (the vote after the drain
-    call that found nothing left to train); at most one host read per call (stock's: one per batch); the gradients
-    all-reduced at most once per optimizer step (this model fills one bucket)."""
-    outcomes = _outcome(design, kind, pattern)
-    own = [outcome["total"] - outcome["gradient_all_reduces"] for outcome in outcomes]
-    record_property("own_collectives", own)
-    for key in ("calls", "drain_calls", "host_reads"):
-        record_property(key, [outcome[key] for outcome in outcomes])
-    for rank, outcome in enumerate(outcomes):
-        allowed = 1 + (outcome["drain_calls"] > 0)
-        assert own[rank] <= allowed and outcome["host_reads"] <= outcome["calls"] + 1, (
-            f"rank {rank}: {outcome['calls']} step calls ({outcome['drain_calls']} of them drain calls) made"
-            f" {own[rank]} collectives besides the gradients' all-reduces ({outcome['collectives']} in all) and"
-            f" {outcome['host_reads']} host reads of their results; at most {allowed} such collectives in the epoch"
-            " (the vote before its first call, and after the last drain call) and one host read per call"
-        )
-        # DDP's own all-reduce, in its reducer, is not counted; a hook's, through ``dist.all_reduce``, is
-        assert outcome["gradient_all_reduces"] <= outcome["optimizer_steps"], (
-            f"rank {rank}: the gradients were all-reduced {outcome['gradient_all_reduces']} times over"
-            f" {outcome['optimizer_steps']} optimizer steps; at most once each"
         )
 
 

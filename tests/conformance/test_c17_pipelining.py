@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter, TQDMProgressBar
 from pytorch_lightning.loggers import CSVLogger
 
 from tests.conformance.harness import (
+    BATCH_SIZE,
     LOADER_CASES,
     LR,
     IterStepModule,
@@ -221,6 +223,7 @@ class HoldsOneBatch(IterStepModule):
     def __init__(self) -> None:
         super().__init__((1,))
         self.held: tuple | None = None
+        self.drain_dataloader_iter = True  # the opt-in to drain calls (C17)
 
     def swap(self, dataloader_iter) -> tuple:
         """The batch pulled before, and its dataloader's index; the one pulled now is held."""
@@ -301,3 +304,60 @@ def test_pipelining_predict_step_returns_every_batchs_prediction_in_order(design
     assert results == expected, f"trainer.predict returned {results}; expected every batch's prediction in order"
     assert writer.batch_writes == [p for per_loader in expected for p in per_loader], "the writer's batch writes"
     assert writer.epoch_writes == expected, "the writer's epoch write"
+
+
+# ----------------------------------------------------------------------------------- without the opt-in: stock's calls
+class HoldsWithoutAsking(AsyncHandleModule):
+    """The async-handle step without the opt-in to drain calls: it holds a batch when the data ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drain_dataloader_iter = False
+        self.entered_after_the_end = 0
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self.handle = None  # what the last epoch left held is dropped, so that each epoch shows its own loss
+
+    def training_step(self, dataloader_iter):
+        self.entered_after_the_end += dataloader_iter.done  # a drain call finds the data ended on entry
+        return super().training_step(dataloader_iter)
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+def test_without_the_opt_in_a_holding_step_gets_no_drain_call_and_a_warning(design, kind):
+    module = HoldsWithoutAsking()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(design, max_epochs=2).fit(module, make_loader(kind, n_items=N_ITEMS))
+    sequence = loader_sequence(make_loader(kind, n_items=N_ITEMS))
+    assert module.entered_after_the_end == 0, (
+        f"the step was called {module.entered_after_the_end} times after the end of its data, which it did not ask for"
+    )
+    assert module.trained == [sequence[:-1], sequence[:-1]], f"batches trained per epoch {module.trained}"
+    named = [str(w.message) for w in caught if "drain_dataloader_iter" in str(w.message)]
+    assert len(named) == 1, f"warnings naming the opt-in, expected one per fit: {named}"
+
+
+class TakesKInValidation(IterStepModule):
+    """A validation step taking ``k`` batches in every call, with no end-of-data guard."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__((k,))
+        self.k, self.validation_calls = k, 0
+
+    def validation_step(self, dataloader_iter):
+        self.validation_calls += 1
+        for _ in range(self.k):
+            next(dataloader_iter)
+
+
+@pytest.mark.parametrize("kind", ["sized", "unsized"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_validation_step_taking_k_batches_over_k_batches_is_called_once(design, k, kind):
+    module = TakesKInValidation(k)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(design).validate(module, make_loader(kind, n_items=k * BATCH_SIZE), verbose=False)
+    assert module.validation_calls == 1, f"{module.validation_calls} calls over {k} batches taken {k} per call"
+    assert not [w for w in caught if "drain_dataloader_iter" in str(w.message)], "a step holding nothing was warned"

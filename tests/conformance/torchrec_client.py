@@ -238,6 +238,7 @@ class TorchRecModule(pl.LightningModule):
 
     def __init__(self, pipeline: str, eval_pipeline: bool = False, raw_optimizer: bool = False) -> None:
         super().__init__()
+        self.drain_dataloader_iter = True  # the opt-in to drain calls (C17)
         self.raw_optimizer = raw_optimizer
         self.automatic_optimization = False  # the pipeline (or the step, after a staged pipeline) steps it
         self.model: DistributedModelParallel | None = None
