@@ -80,7 +80,7 @@ TARGETS = {
     ),
     "S7": dict(
         what="time per step call of each design's dataloader_iter flavour (one batch per call) over stock Lightning's"
-             " regular flavour's time per batch, under DDP on 2 gloo ranks, tiny model (S7)",
+             " regular flavour's time per batch, under DDP on 2 gloo ranks, a step of about 20 ms of compute (S7)",
         metric="overhead_vs_regular",
         compare="<=",
         threshold=1.01,
@@ -96,11 +96,12 @@ def _design(row: dict[str, Any], designs: Mapping[str, Design]) -> Design | None
 
 OWN_COST = {"S2": None, "S3": "dataloader_iter", "S3-regular": "regular", "S7": "dataloader_iter"}  # -> its flavour
 JUDGED_WORLD_SIZE = 2  # S7 judges 2 ranks: on this machine's 2 cores, more ranks wait for the scheduler
+JUDGED_STEP = "20ms"  # S7 judges the step of about 20 ms of compute; the tiny step shows the vote's cost alone
 
 
 def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> bool:
-    """Whether ``row`` is one the target judges: S4 every design row with a fixed depth; S2 and S3 the rows of
-    what a design ships (``configuration``); the overlap targets the rows of the configuration that runs a
+    """Whether ``row`` is one the target judges: S4 every design row with a fixed depth; S2, S3 and S7 the rows of
+    what a design ships (``configuration``), S7 at 2 ranks and the 20 ms step; the overlap targets the rows of the configuration that runs a
     design's prefetch thread (``entries.thread_configuration``), S1 only at L = C."""
     if row.get("role") != "design":
         return False
@@ -108,8 +109,9 @@ def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> 
         return isinstance(row.get("depth"), int)
     if target in OWN_COST:
         world = row.get("world_size", JUDGED_WORLD_SIZE)
+        step = JUDGED_STEP if target != "S7" else row.get("step")  # S7 rows without one measured the tiny step
         return row.get("configuration") == SHIPS and OWN_COST[target] in (None, row["flavour"]) and (
-            world == JUDGED_WORLD_SIZE)
+            world == JUDGED_WORLD_SIZE and step == JUDGED_STEP)
     design = _design(row, designs)
     judged = thread_configuration(design) if design is not None else None  # None: the design does not prefetch
     return judged is not None and row.get("configuration") == judged and (target != "S1" or row.get("L_over_C") == 1.0)

@@ -25,9 +25,14 @@ DESIGNS: dict[str, Design] = {
 }
 
 
+# The design the RFC recommends: the stack of pull requests to Lightning, run as a plain Trainer of the patched
+# Lightning. The prototypes are the comparison it was chosen from.
+RECOMMENDED = "patched"
+
+
 def runnable_designs() -> dict[str, Design]:
     """The registered designs this environment can run, by name."""
     return {name: design for name, design in DESIGNS.items() if design.unavailable_reason() is None}
 
 
-__all__ = ["DESIGNS", "Design", "runnable_designs"]
+__all__ = ["DESIGNS", "RECOMMENDED", "Design", "runnable_designs"]
