@@ -47,8 +47,8 @@ def test_the_iterator_is_a_data_fetcher_wrapper(tmp_path):
 
 
 def test_a_loop_given_a_fetcher_built_without_arguments_trains_and_validates(tmp_path):
-    """A strategy may replace the loops' ``_select_data_fetcher`` with one that returns ``_DataLoaderIterDataFetcher()``,
-    built without arguments: its loops count the batches a call takes."""
+    """A strategy may replace the loops' ``_select_data_fetcher`` with one that returns
+    ``_DataLoaderIterDataFetcher()``, built without arguments: its loops count the batches a call takes."""
 
     def select(trainer, stage):
         return _DataLoaderIterDataFetcher()
