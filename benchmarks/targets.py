@@ -101,8 +101,8 @@ JUDGED_STEP = "20ms"  # S7 judges the step of about 20 ms of compute; the tiny s
 
 def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> bool:
     """Whether ``row`` is one the target judges: S4 every design row with a fixed depth; S2, S3 and S7 the rows of
-    what a design ships (``configuration``), S7 at 2 ranks and the 20 ms step; the overlap targets the rows of the configuration that runs a
-    design's prefetch thread (``entries.thread_configuration``), S1 only at L = C."""
+    what a design ships (``configuration``), S7 at 2 ranks and the 20 ms step; the overlap targets the rows of the
+    configuration that runs a design's prefetch thread (``entries.thread_configuration``), S1 only at L = C."""
     if row.get("role") != "design":
         return False
     if target == "S4":

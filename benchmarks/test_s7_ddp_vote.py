@@ -11,8 +11,9 @@ with about 20 ms of compute, the one the target judges); rank r of both worlds s
 core, and the worlds take turns call by call (``lockstep_worlds``), so both meet the machine as it is at that
 moment. Rank 0 times each world's calls over its steady-state window. The ratio per pair (the design's time per call
 over stock's time per batch) gives the median and its 95 % interval; the S7 target judges it at 2 ranks. Larger
-worlds run the recommended design only, in its own environment (``BENCHMARKS_RESULTS`` names its results file): with more processes than cores each rank waits for the scheduler as much as
-for its peers, so they show the trend, not the cost a cluster would see.
+worlds run the recommended design only, in its own environment (``BENCHMARKS_RESULTS`` names its results file):
+with more processes than cores each rank waits for the scheduler as much as for its peers, so they show the trend,
+not the cost a cluster would see.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from torch.utils.data import DataLoader
 from benchmarks import entries, intervals, lockstep, measuring, workloads
 from harness_common import QUIET, rendezvous
 from prototypes import DESIGNS, RECOMMENDED, runnable_designs
-from prototypes.patched import installed_series
 from prototypes.common import Design
+from prototypes.patched import installed_series
 
 pytestmark = [
     pytest.mark.benchmark(group="S7 a step call under DDP (time per call)", timer=measuring.span_clock),

@@ -4,7 +4,7 @@
   other page alphabetically). Zensical runs no hooks, so ``mkdocs.yml`` lists the pages itself; a page it does not
   list (a new design's) still appears under MkDocs, with a warning that fails ``mkdocs build --strict`` and names the
   line to add.
-* A nav entry may name a section of a page by its URL (``Comparison: rfc/#comparison``), which Zensical resolves
+* A nav entry may name a section of a page by its URL (``Decisions: rfc/#decisions``), which Zensical resolves
   itself; MkDocs only links whole pages from the nav (a URL is a "not found" warning), so the entry becomes a link to
   that page's URL plus the anchor.
 * ``docs/api.md`` gets one mkdocstrings block (``::: prototypes.<name>``) per module registered in

@@ -22,7 +22,7 @@ CALL_CUT_SHORT = (
 )
 
 
-# [RFC 13] a schedule a step can size exactly
+# [RFC 1] a schedule a step can size exactly
 def estimated_optimizer_steps(trainer: pl.Trainer, batches_per_call: int, last_call_trained: bool = True) -> float:
     """The optimizer steps of a fit whose step takes ``batches_per_call`` batches per call: what a schedule such as
     ``OneCycleLR`` is sized with (C18), where ``trainer.estimated_stepping_batches`` counts one batch per call.

@@ -94,7 +94,7 @@ class Design:
         return replace(self, options={**self.options, **options})
 
 
-# [RFC 10]
+# [RFC 1]
 def refuse_mixed_step_signature(step: Callable[..., Any], hook_name: str) -> None:
     """Raise a clear error when a step asks for ``dataloader_iter`` *and* a batch (clause C14).
 
@@ -166,7 +166,7 @@ def profiled(profiler: Profiler, action: str, function: Callable[..., Any]) -> C
     return call
 
 
-# [RFC 4] every batch through the transfer path
+# [RFC 1] every batch through the transfer path
 class BatchTransfer:
     """What Lightning's regular flavour does to a batch before the step (clause C4), through public API only:
     ``BatchTransfer(trainer)(batch, dataloader_idx)``.
@@ -214,7 +214,7 @@ class BatchTransfer:
 StepItem = tuple[Any, int, int]  # (batch, batch_idx, dataloader_idx): what ``next(dataloader_iter)`` returns
 
 
-# [RFC 2] the iterator a step call receives
+# [RFC 1] the iterator a step call receives
 class StepIterator(Iterator):
     """What ``*_step(self, dataloader_iter)`` receives (clause C14 a).
 
@@ -260,7 +260,7 @@ class StepIterator(Iterator):
             raise RuntimeError(self.closed_message.format(step=self._step))
         return not self._has_next()
 
-    # [RFC 2] a look-ahead of k: a step need not start a call it cannot finish
+    # [RFC 1] a look-ahead of k: a step need not start a call it cannot finish
     def has_batches(self, count: int) -> bool:
         """Whether at least ``count`` more batches remain for this iterator, without taking any.
 

@@ -13,7 +13,7 @@ import pytorch_lightning as pl
 from prototypes.step_calls import makes_drain_calls
 
 
-# [RFC 8] under DDP the ranks agree on the end of data, in the one collective stock Lightning makes per step call
+# [RFC 3] under DDP the ranks agree on the end of data, in the one collective stock Lightning makes per step call
 @dataclass(frozen=True)
 class RanksVote:
     """What the ranks agreed between two step calls (``vote``): whether every rank makes another call (it has a
@@ -125,7 +125,7 @@ def start_vote(
     return read_carried
 
 
-# [RFC 8] the vote rides in DDP's gradient all-reduce where a step call's backward makes one
+# [RFC 3] the vote rides in DDP's gradient all-reduce where a step call's backward makes one
 class VoteInGradients:
     """The ranks' vote carried in DDP's gradient all-reduce of a step call's backward: no collective of its own.
 
@@ -212,7 +212,7 @@ def every_rank_has_a_batch(trainer: pl.Trainer, has_batch: bool) -> bool:
     return vote(trainer, has_batch).every_rank_has_a_batch
 
 
-# [RFC 8]
+# [RFC 3]
 def end_of_data_vote_needed(trainer: pl.Trainer) -> bool:
     """Whether the ranks of a ``*_step(self, dataloader_iter)`` must vote on the end of data
     (``every_rank_has_a_batch``) after every step call: under DDP with more than one rank, always.

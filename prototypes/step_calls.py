@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-# [RFC 10]
+# [RFC 1]
 class NoProgressGuard:
     """Stops a run whose step keeps returning without consuming a batch while batches remain (clause C14).
 
@@ -72,14 +72,14 @@ NEVER = "never"  # none: stock Lightning's loop, and what a rule waiting for the
 DRAIN_RULES = (PULLED_AHEAD, ALWAYS, NEVER)
 
 
-# [RFC 3]
+# [RFC 4]
 def makes_drain_calls(rule: str, pulled_ahead: bool) -> bool:
     """Whether the loop makes drain calls under ``rule`` after a dataloader's last batch, when the step (on every
     rank) ``pulled_ahead``."""
     return rule == ALWAYS or (rule == PULLED_AHEAD and pulled_ahead)
 
 
-# [RFC 3]
+# [RFC 4]
 class BatchesTakenPerCall:
     """What the step calls over one dataloader took, kept for the drain rule (C17): ``pulled_ahead()``, read after
     the call that took the dataloader's last batch. ``note`` each call once it returned: the batches it took and

@@ -38,6 +38,10 @@ ALLOWED: list[tuple[str, str]] = [
     (r"loader of 8 batches", "C7's worked example of the validation rule: its input, not a measurement"),
     (r"and 16 batches", "C7's worked example: the batch counts its definition gives, not a measurement"),
     (r"at most 100 lines", "the size rule for a class in prototypes/ (tests/designs/test_class_size.MAX_CLASS_LINES)"),
+    (r"one all-reduce after each (?:step )?call", "what the vote is (patch/items/ranks.py), not a measurement; "
+                                                 "test_c16_collectives.py counts it"),
+    (r"about 20 ms of compute", "S7's second step, a constant of the benchmark "
+                                "(benchmarks/test_s7_ddp_vote.COMPUTE_S)"),
     (r"get 10 seconds to exit", "the grace C12 gives torch's own workers and threads "
                                 "(tests/conformance/harness/leftovers.assert_nothing_left)"),
 ]

@@ -413,8 +413,8 @@ def test_benchmark_tables_lead_with_the_decision_and_flag_a_missed_calibration(r
 
 
 def test_the_thread_decision_is_read_off_the_verdicts(rfc):
-    """Decision 2 says "by default" only when every S1 and S6 point shows the thread faster than the fastest
-    alternative (the whole interval below 1); one point that is not distinguishable makes it opt-in, named."""
+    """Decision 2 favours a thread only when every S1 and S6 point shows it faster than the fastest alternative (the
+    whole interval below 1); one point that is not distinguishable leaves the thread out, named."""
     (rfc / "decision.md").write_text("<!-- BEGIN GENERATED: decision -->\n<!-- END GENERATED: decision -->\n")
 
     def rendered(verdicts: list[str]) -> str:
@@ -429,9 +429,10 @@ def test_the_thread_decision_is_read_off_the_verdicts(rfc):
         assert run(rfc).returncode == 0
         return (rfc / "decision.md").read_text()
 
-    assert "**Decision 2: a prefetch thread by default.**" in rendered(["met", "met"])
+    favoured = "**Decision 2: the measurements favour a prefetch thread, which the stack lacks.**"
+    assert favoured in rendered(["met", "met"])
     text = rendered(["met", "inconclusive"])
-    assert "**Decision 2: the prefetch thread is opt-in, not the default.**" in text
+    assert "**Decision 2: no prefetch thread.**" in text and "faster than the fastest alternative at 2 of 4" in text
     assert "faster at S1 L=C: 0.875 [0.800, 0.950]" in text
     assert "not distinguishable at S1 L=2C: 1.00 [0.950, 1.05]" in text
 
@@ -519,14 +520,12 @@ def _edit(path: Path, old: str, new: str) -> None:
 def test_each_items_code_is_rendered_from_its_tags(listed):
     assert run(listed).returncode == 0
     text = (listed / "index.md").read_text()
-    assert ("*Code:* <!-- BEGIN GENERATED: code-item-1 -->`design.loops.Counter`, `design.loops.Counter.count`"
-            "<!-- END GENERATED: code-item-1 -->.") in text
-    assert "<!-- BEGIN GENERATED: code-item-2 -->`design.loops.Counter.ahead`<!-- END GENERATED" in text
+    assert ("*Code:* <!-- BEGIN GENERATED: code-item-1 -->in the prototypes, 2 definitions tagged `[RFC 1]` in "
+            "`design`<!-- END GENERATED: code-item-1 -->.") in text
+    assert "<!-- BEGIN GENERATED: code-item-2 -->in the prototypes, 1 definitions tagged `[RFC 2]`" in text
     assert run(listed, "--check").returncode == 0
-    # a tag moved in the code makes the committed page stale
-    _edit(listed.parent / "prototypes" / "design" / "loops.py", "    # [RFC 2]\n", "")
-    loops = listed.parent / "prototypes" / "design" / "loops.py"
-    _edit(loops, "    def count(self):", "    # [RFC 2]\n    def count(self):")
+    # a tag dropped from the code makes the committed page stale
+    _edit(listed.parent / "prototypes" / "design" / "loops.py", " ([RFC 1])", "")
     assert run(listed, "--check").returncode == 1
 
 
@@ -594,32 +593,26 @@ def test_a_design_page_quotes_each_item_it_names(listed):
     assert result.returncode == 2 and "a block quote-item-9 quotes no item" in result.stderr
 
 
-def test_the_rendered_thread_decision_and_the_code_default_agree():
-    """Decision 2 rendered from the committed benchmarks and what the recommended design ships must agree: a thread
-    by default means its registered options are its ``thread_options``, opt-in means they are not. A measurement
-    that flips the decision fails here until the default in ``prototypes/`` flips with it."""
-    from rendering.decision import RECOMMENDED, thread_decision
+def test_the_rendered_thread_decision_and_what_ships_agree():
+    """Decision 2 rendered from the committed benchmarks and what ships must agree: the recommended design loads
+    no batch on a thread of its own, so the committed verdicts must not favour a thread. A measurement that flips
+    the decision fails here until a thread ships."""
+    from rendering.decision import thread_decision
     from rendering.results import load_inputs
 
-    from prototypes import DESIGNS
+    from prototypes import DESIGNS, RECOMMENDED
 
     rfc_dir = RENDER.parent
     inputs = load_inputs(rfc_dir, rfc_dir / "results", rfc_dir / "generated", "python rfc/render.py")
-    thread_by_default, why = thread_decision(inputs.benchmarks)
+    thread_favoured, why = thread_decision(inputs.benchmarks)
     assert why, "no committed results judge the thread (targets S1-alternatives, S6-alternatives)"
-    design = DESIGNS[RECOMMENDED]
-    assert design.thread_options, f"{RECOMMENDED} declares no thread_options for the decision to judge"
-    ships_the_thread = dict(design.options) == dict(design.thread_options)
-    assert ships_the_thread == thread_by_default, (
-        f"Decision 2 renders the thread {'on' if thread_by_default else 'off'} by default, but {design.id} "
-        f"{'ships' if ships_the_thread else 'does not ship'} its thread_options {dict(design.thread_options)}")
+    assert not DESIGNS[RECOMMENDED].thread_options and not thread_favoured, (
+        "Decision 2's verdicts favour a prefetch thread, which the recommended design does not ship")
 
 
 def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_designs(rfc):
-    """The first screen's decisions name the recommended design's registered configuration and whether its thread
-    runs by default; the standing table has one line per registered design, none for a results-only entry."""
-    from rendering.decision import RECOMMENDED
-
+    """The first screen names the stack's size against its budget, or the command that writes it; the standing
+    table has one line per registered design, none for a results-only entry."""
     from prototypes import DESIGNS
 
     (rfc / "first.md").write_text("<!-- BEGIN GENERATED: decisions -->\n<!-- END GENERATED: decisions -->\n\n"
@@ -629,10 +622,9 @@ def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_de
     write_results(rfc, conformance(), bench)
     assert run(rfc).returncode == 0
     text = (rfc / "first.md").read_text()
-    design = DESIGNS[RECOMMENDED]
-    assert f"`{RECOMMENDED}` ships as `{design.id}`" in text
-    thread_on = dict(design.options) == dict(design.thread_options)
-    assert f"In the code: the thread is {'on' if thread_on else 'off'} by default." in text
+    assert "**What ships:** no results yet" in text or "**What ships:** the patch series summary" in text.lower() \
+        or "python -m patch.series" in text.split("**What it costs**")[0]
+    assert "**Never run:**" in text and "NCCL" in text
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(DESIGNS)
     assert "every_rank_has_a_batch" not in text and "alpha" not in text.split("| Design")[1]
@@ -697,7 +689,7 @@ def test_lightning_tests_block_shows_both_runs_and_every_difference_with_its_cla
             "**6 passed on both** builds and **3 differ**: 1 deliberate") in text
     assert "1 regressions, 0 not repeated when run again on both builds, 1 not yet classified." in text
     assert "| passed | 9 | 6 |" in text and "| wall time (min) | 30 | 30 |" in text
-    assert ("- `loops.test_progress::test_counts[2]`: passed on stock, failed patched; deliberate (C6): asserts one"
+    assert ("- `loops.test_progress::test_counts`: passed on stock, failed patched; deliberate (C6): asserts one"
             " batch") in text
     assert "error patched; **regression** (item 12): the finder's \\| step" in text
     assert "- `trainer.test_new::test_x`: passed on stock, failed patched; **unclassified**:" in text
@@ -753,3 +745,17 @@ def test_the_coverage_block_gives_the_share_of_added_statements_run_and_the_line
     assert "run **9 of the 12 statements it adds** to pytorch_lightning (75.0%; target 90%: **missed**)" in text
     assert "| `loops/fetchers.py` | 10 | 7, 9 |" in text
     assert "| `loops/progress.py` | 2 | none |" in text
+
+
+def test_a_verdict_goes_to_the_row_the_target_judged_not_to_every_world_size():
+    """S7's target judges 2 ranks and one step; the rows at other world sizes or steps of the same design carry no
+    verdict, whatever their ratio."""
+    from rendering.targets import row_verdicts
+
+    targets = {"S7": {"metric": "overhead_vs_regular", "results": [
+        dict(design="patched", value=1.004, interval=[1.0, 1.008], verdict="met", met=True)]}}
+    judged = dict(design="patched", world_size=2, step="20ms", overhead_vs_regular=1.004)
+    larger = dict(design="patched", world_size=8, step="20ms", overhead_vs_regular=1.15)
+    tiny = dict(design="patched", world_size=2, step="tiny", overhead_vs_regular=1.2)
+    assert row_verdicts(judged, "S7", targets) == "S7 met"
+    assert row_verdicts(larger, "S7", targets) == "–" and row_verdicts(tiny, "S7", targets) == "–"

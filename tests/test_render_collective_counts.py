@@ -9,10 +9,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rfc"))  # where `python rfc/render.py` finds it
 
 from rendering.collective_counts import COUNT_TEST, block_ddp_counts  # noqa: E402
-from rendering.decision import RECOMMENDED  # noqa: E402
 from rendering.results import Inputs  # noqa: E402
 
-from prototypes import DESIGNS  # noqa: E402
+from prototypes import DESIGNS, RECOMMENDED  # noqa: E402
 
 
 def result(variant: str, step: str, calls: list[int], total: list[int], drain_calls: tuple = (0, 0)) -> dict:
@@ -31,7 +30,7 @@ def test_the_counts_are_those_of_what_ships_with_what_a_call_costs_beyond_one(tm
     ships = DESIGNS[RECOMMENDED].id
     block = block_ddp_counts(inputs(
         tmp_path,
-        result(f"{RECOMMENDED}[depth=2]", "1-per-call", [6, 6], [9, 9]),  # another variant: not what ships
+        result(f"{RECOMMENDED}[variant=2]", "1-per-call", [6, 6], [9, 9]),  # another variant: not what ships
         result(ships, "1-per-call", [6, 6], [7, 7]),
         result(ships, "async-handle", [7, 8], [8, 10], drain_calls=(2, 2)),
     ), tmp_path)

@@ -21,7 +21,7 @@ def inputs_with(tmp_path: Path, *items: dict) -> Inputs:
     commits = [dict(subject=f"commit of {[i['number'] for i in group]}", items=[i["number"] for i in group],
                     files=[f for i in group for f in i["files"]], added=sum(i["added"] for i in group),
                     removed=sum(i["removed"] for i in group)) for group in grouped if group]
-    summary = dict(schema=1, release="9.9.9", items=list(items),
+    summary = dict(schema=2, release="9.9.9", items=list(items),
                    pull_requests=[dict(title="the one | pull request", commits=commits)])
     (results / code_pointers.PATCH_SUMMARY).write_text(json.dumps(summary))
     return Inputs(rfc_dir=tmp_path, results_dir=results, out_dir=tmp_path, command="render")
@@ -38,7 +38,8 @@ def test_the_block_sums_the_series_and_gives_each_patch_its_code_lines_and_messa
                          item(2, None, [], part="item 1's code makes it"))
     block = patch_series.block_patch_series(inputs, tmp_path)
     assert "pytorch-lightning 9.9.9 is a stack of 1 pull requests of 1 commits in all" in block
-    assert "1 of the 2 items above edit Lightning's code, adding 5 lines and removing 1 in 2 files" in block
+    assert ("1 of the 2 items of the RFC's change list edit Lightning's code, adding 5 lines and removing 1 in 2"
+            " files") in block
     assert "| 1. the one \\| pull request | commit of [1, 2] | 1, 2 | +5 −1 |" in block
     assert "| 1 | `patch/items/one.py` | +5 −1 |" in block
     assert "| 2 | no edits of its own: item 1's code makes it | +0 −0 |" in block
@@ -54,15 +55,15 @@ def test_an_item_pointer_ends_with_its_patch_or_says_it_is_not_in_the_series(tmp
     inputs = inputs_with(tmp_path, item(1, "patch/items/one.py", [("loops/a.py", 3, 1)], part="the first half"),
                          item(2, "patch/items/two.py", [(f"f{n}.py", 1, 0) for n in range(4)]))
     assert code_pointers._in_the_patch(inputs, 1) == (
-        "the patch to Lightning 9.9.9, so far the first half: `patch/items/one.py` (`loops/a.py` +3 −1)")
+        "the stack, so far the first half: `patch/items/one.py` (`loops/a.py` +3 −1)")
     assert code_pointers._in_the_patch(inputs, 2).endswith("(+4 −0 lines in 4 files)")
-    assert code_pointers._in_the_patch(inputs, 3) == "the patch to Lightning 9.9.9: not in the series yet"
+    assert code_pointers._in_the_patch(inputs, 3) == "the stack: not in the series yet"
 
 
 def test_an_item_without_prototype_code_points_at_its_patch_alone(tmp_path):
     inputs = inputs_with(tmp_path, item(14, "patch/items/fourteen.py", [("callbacks/c.py", 5, 1)]))
     block = code_pointers.block_code_item(14)(inputs, tmp_path)
-    assert block == "the patch to Lightning 9.9.9: `patch/items/fourteen.py` (`callbacks/c.py` +5 −1)"
+    assert block == "the stack: `patch/items/fourteen.py` (`callbacks/c.py` +5 −1)"
 
 
 def _cost(tmp_path: Path, rows: list[dict]) -> Inputs:
@@ -88,7 +89,7 @@ def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
     assert "| 1.050 [1.020, 1.070] | ≤ 1.03: **inconclusive** |" in block
     assert "(the method's own spread; a perfect method gives 1) | 24 | 1.000 [0.990, 1.010] | – |" in block
     assert "200 batches, timed from batch 20" in block and "series `sha256:abababababab`" in block
-    assert "1 build(s) of stock and 1 of the patched environment" in block
+    assert "1 build(s) of stock and 1 of the patched package" in block
 
 
 def test_the_cost_blocks_control_says_it_pairs_two_builds_of_stock_where_the_run_had_several(tmp_path):
@@ -98,7 +99,7 @@ def test_the_cost_blocks_control_says_it_pairs_two_builds_of_stock_where_the_run
     data["setup"]["builds"] = dict(stock=2, patched=3)
     (tmp_path / patch_series.COST_FILE).write_text(json.dumps(data))
     block = patch_series.block_patch_cost(inputs, tmp_path)
-    assert "2 build(s) of stock and 3 of the patched environment" in block
+    assert "2 build(s) of stock and 3 of the patched package" in block
     assert "| today's flavour, one build of stock over another (the builds' and the method's spread" in block
 
 

@@ -33,7 +33,7 @@ from prototypes.lightning_changes import (
 from prototypes.step_calls import BatchesTakenPerCall, NoProgressGuard
 
 
-# [RFC 7]
+# [RFC 2]
 class _EvaluationStepsPullBatches:
     """What :class:`IteratorEvaluationLoop` and :class:`IteratorPredictionLoop` share: the steps of one run.
 

@@ -167,7 +167,7 @@ class _LookAheadLifecycle:
         super().teardown()
 
     # ---- checkpoints and resume
-    # [RFC 16] the flavour's own entries, for that module only
+    # [RFC 1] the flavour's own entries, for that module only
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
         if self._steps_pull_batches():

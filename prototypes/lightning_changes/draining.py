@@ -16,14 +16,14 @@ from prototypes.ranks import RanksVote, vote
 from prototypes.step_calls import NoProgressGuard
 
 
-# ----------------------------------------------------------------------- [RFC 3] drain a pipelining step
+# ----------------------------------------------------------------------- [RFC 4] drain a pipelining step
 def epoch_stopped_early(trainer: pl.Trainer) -> bool:
     """The epoch ends before its data does: ``should_stop`` was set or ``max_steps`` was reached."""
     epoch_loop = trainer.fit_loop.epoch_loop
     return trainer.should_stop or _is_max_limit_reached(trainer.global_step, epoch_loop.max_steps)
 
 
-# [RFC 3]
+# [RFC 4]
 def drain(
     trainer: pl.Trainer, drain_call: Callable[[], bool], hook_name: str = "training_step",
     vote_after_call: Callable[[bool], RanksVote] | None = None,
@@ -57,7 +57,7 @@ def drain(
             )
 
 
-# [RFC 3]
+# [RFC 4]
 @dataclass
 class OptimizerSteps:
     """The optimizer steps taken during a drain call (``optimizer_steps``)."""
@@ -66,7 +66,7 @@ class OptimizerSteps:
     unconfigured: bool = False  # an optimizer it did not configure stepped, and not inside a configured one's step
 
 
-# [RFC 3]
+# [RFC 4]
 @contextlib.contextmanager
 def optimizer_steps(trainer: pl.Trainer) -> Iterator[OptimizerSteps]:
     """While it is open, every optimizer ``step()`` is recorded in the ``OptimizerSteps`` it yields: a step of an
@@ -121,7 +121,7 @@ HELD_BATCHES_NOT_DRAINED = (
 )
 
 
-# [RFC 3]
+# [RFC 4]
 def evaluation_drain_call(loop: Any, dataloader_idx: int, run_call: Callable[[], tuple[bool, Any]]) -> bool:
     """One drain call of a validation or test step (C17 for evaluation) over ``dataloader_idx``, whose batches are
     all handed out; ``run_call()`` runs the step with that dataloader's exhausted iterator and returns whether a
@@ -146,7 +146,7 @@ def evaluation_drain_call(loop: Any, dataloader_idx: int, run_call: Callable[[],
     return not did_work
 
 
-# [RFC 3]
+# [RFC 4]
 def prediction_drain_call(
     loop: Any, dataloader_idx: int, run_call: Callable[[], tuple[bool, Any]], consumed: Callable[[], list[int]] = list
 ) -> bool:

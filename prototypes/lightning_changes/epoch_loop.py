@@ -25,7 +25,7 @@ from prototypes.ranks import RanksVote, end_of_data_vote_needed, every_rank_has_
 from prototypes.step_calls import PULLED_AHEAD, makes_drain_calls
 
 
-# [RFC 11] stock profiler action names
+# [RFC 1] stock profiler action names
 class StockProfilerActions:
     """Loop subclasses that profile fetches under stock Lightning's action names."""
 
@@ -52,7 +52,7 @@ class DrainsHeldBatches:
 
     trainer: pl.Trainer
 
-    # ------------------------------------------------------------------- [RFC 3] drain a pipelining step
+    # ------------------------------------------------------------------- [RFC 4] drain a pipelining step
     def _run_drain_call(self) -> tuple[bool, Any]:
         """Run the step once with an exhausted ``dataloader_iter``: whether a StopIteration ended the call, and the
         outputs the optimisation loop returned for it (empty when the step returned None)."""
@@ -76,7 +76,7 @@ class DrainsHeldBatches:
         what the loop must agree on there; None where it does not (the loop then votes on its own)."""
         return None
 
-    # [RFC 3]
+    # [RFC 4]
     def _drain_if_the_data_ended(self, last_call_stopped: bool) -> None:
         # Why at the end of `advance`, before the epoch-end validation of `on_advance_end`: batches a pipelining
         # step still holds belong to this epoch's training (C17). A call ended by StopIteration holds nothing.
@@ -104,7 +104,7 @@ class DrainsHeldBatches:
         """The ranks' vote after a drain call where the design's vote records it (``drain``), else None."""
         return None
 
-    # [RFC 3]
+    # [RFC 4]
     def _drain_call(self) -> bool:
         """One drain call: no batch, so no batch hooks and no batch progress.
 
@@ -183,7 +183,7 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
         # Why the epoch's rule last: it is a chain of calls, and most step calls pass no multiple
         return passed_a_multiple and self._should_check_val_epoch()
 
-    # [RFC 8] the vote travels in stock's collective before each step call
+    # [RFC 3] the vote travels in stock's collective before each step call
     def _broadcast_sigterm_tensor(self) -> None:
         vote = self._vote_since_the_last_call() if self._steps_pull_batches() else None
         if vote is None:
@@ -195,14 +195,14 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
                 torch.distributed.barrier()  # as stock Lightning: the ranks meet before they exit
             raise SIGTERMException()
 
-    # [RFC 5]
+    # [RFC 1]
     def _a_rank_ends_within_this_call(self) -> bool:
         """Whether, before the running step call, any rank's look-ahead saw its data end within it (the vote's
         ``a_rank_ends_within_the_next_call``): the call then closes its accumulation window and synchronises the
         gradients. False where the design's vote does not carry it: the window is synchronised once at its close."""
         return False
 
-    # [RFC 8] the end-of-data vote, where this epoch's loaders need it
+    # [RFC 3] the end-of-data vote, where this epoch's loaders need it
     def _every_rank_has_a_batch(self, has_batch: bool) -> bool:
         """The ranks' end-of-data vote (``every_rank_has_a_batch``) when ``_ranks_vote_every_step()``; otherwise
         there is one rank, and its ``has_batch`` is the answer."""
@@ -217,7 +217,7 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
             self._vote_decided_for = combined
         return self._ranks_vote
 
-    # ------------------------------------------------------------------- [RFC 5] accumulation counts step calls
+    # ------------------------------------------------------------------- [RFC 1] accumulation counts step calls
     def _accumulated_batches_reached(self) -> bool:
         accumulate = self.trainer.accumulate_grad_batches
         if accumulate == 1:
@@ -226,7 +226,7 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
             return super()._accumulated_batches_reached()
         return self._step_calls_this_epoch() % accumulate == 0
 
-    # ------------------------------------------------------------------- [RFC 6] resume restores the counts
+    # ------------------------------------------------------------------- [RFC 1] resume restores the counts
     def update_restart_stage(self) -> None:
         super().update_restart_stage()
         total = self.batch_progress.total
@@ -237,7 +237,7 @@ class BatchCountingEpochLoop(StockProfilerActions, DrainsHeldBatches, _TrainingE
             self._restart_stage = RestartStage.RESTARTED_ON_TRAIN_BATCH_END
 
 
-# [RFC 11]
+# [RFC 1]
 def stock_fetch_action(loop: Any) -> str:
     """``[_TrainingEpochLoop].train_dataloader_next`` and its kin, whatever the subclass (C1).
 

@@ -12,7 +12,7 @@ from pytorch_lightning.utilities.combined_loader import CombinedLoader
 from prototypes.lightning_changes.epoch_loop import BatchCountingEpochLoop
 
 
-# ----------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
+# ----------------------------------------------------------------------- [RFC 1] checkpoints: consumed state
 def loader_state_reader(combined_loader: CombinedLoader | None) -> Callable[[], list[dict]] | None:
     """A function returning the loaders' state at the moment it is called, or None when no loader can be resumed
     (only stateful loaders are checkpointed: a loop then records no state, and calls nothing for it per batch).
@@ -39,7 +39,7 @@ class BatchCountingFitLoop(_FitLoop):
     def consumed_loader_states(self) -> list[dict] | None:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------- [RFC 6] checkpoints: consumed state
+    # ------------------------------------------------------------------- [RFC 1] checkpoints: consumed state
     def on_save_checkpoint(self) -> dict:
         state_dict = super().on_save_checkpoint()
         # Why: the loaders ran ahead of the steps (look-ahead or prefetch); resuming from their live state would
@@ -49,7 +49,7 @@ class BatchCountingFitLoop(_FitLoop):
             state_dict["combined_loader"] = consumed
         return state_dict
 
-    # ------------------------------------------------------------------- [RFC 12] the LR finder asks the loop
+    # ------------------------------------------------------------------- [RFC 6] the LR finder asks the loop
     @property
     def batch_idx(self) -> int:
         """When the training step pulls batches, the running step call's index in the epoch; otherwise Lightning's.

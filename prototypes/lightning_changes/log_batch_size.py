@@ -11,7 +11,7 @@ from pytorch_lightning.utilities.data import extract_batch_size
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 
-# ----------------------------------------------------------------------- [RFC 9] self.log's batch size
+# ----------------------------------------------------------------------- [RFC 1] self.log's batch size
 def supply_log_batch_size(
     module: pl.LightningModule, step_batches: Callable[[], list[Any] | None]
 ) -> Callable[[], None]:

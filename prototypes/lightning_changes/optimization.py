@@ -18,7 +18,7 @@ from prototypes.batches_per_call import CALL_CUT_SHORT, CutShortCallWarning
 from prototypes.step_calls import StepCall
 
 
-# ----------------------------------------------------------------------- [RFC 5] the optimizer step after the step
+# ----------------------------------------------------------------------- [RFC 1] the optimizer step after the step
 class StepFirstAutomaticOptimization(_AutomaticOptimization):
     """Lightning's automatic optimisation, with the optimizer step (or accumulation) decided after the step returns.
 
@@ -121,7 +121,7 @@ class StepFirstAutomaticOptimization(_AutomaticOptimization):
         return zero_grad_fn
 
 
-# [RFC 8]
+# [RFC 3]
 def first_where_synced(
     before: Callable[[], None] | None, backward_fn: Callable[[torch.Tensor], None] | None, blocked: bool
 ) -> Callable[[torch.Tensor], None] | None:
@@ -138,7 +138,7 @@ def first_where_synced(
     return backward
 
 
-# [RFC 5]
+# [RFC 1]
 def blocks_gradient_sync(trainer: pl.Trainer, call: StepCall) -> bool:
     """Whether this call's backward skips DDP's gradient all-reduce, decided before it runs, alike on every rank:
     a call inside an accumulation window that neither its index nor any rank's look-ahead (the ranks' vote
@@ -156,7 +156,7 @@ def blocks_gradient_sync(trainer: pl.Trainer, call: StepCall) -> bool:
     return not trainer.fit_loop.epoch_loop._a_rank_ends_within_this_call()
 
 
-# [RFC 5]
+# [RFC 1]
 def average_gradients_over_ranks(model: DistributedDataParallel) -> None:
     """What DDP's backward does to the gradients, done once after the fact: each parameter's gradient averaged over
     the model's process group, in one all-reduce of them all. Every rank calls it at the same point (its window's
@@ -173,12 +173,12 @@ def average_gradients_over_ranks(model: DistributedDataParallel) -> None:
             parameter.grad.copy_(averaged.view_as(parameter))
 
 
-# ----------------------------------------------------------------------- [RFC 10] misuse: a stray StopIteration
+# ----------------------------------------------------------------------- [RFC 1] misuse: a stray StopIteration
 class _StepRaisedStopIteration(Exception):
     """Carries a step's StopIteration past Lightning's manual-optimisation loop, which suppresses it."""
 
 
-# [RFC 10]
+# [RFC 1]
 class ManualOptimizationSeesStopIteration(_ManualOptimization):
     """Lightning's manual optimisation, except that a ``StopIteration`` raised by the step reaches the caller.
 
@@ -200,7 +200,7 @@ class ManualOptimizationSeesStopIteration(_ManualOptimization):
             raise carried.__cause__ from None
 
 
-# ----------------------------------------------------------------------- [RFC 5] a call cut short
+# ----------------------------------------------------------------------- [RFC 1] a call cut short
 def discard_cut_short_call(trainer: pl.Trainer, consumed: int) -> None:
     """A training step call that took ``consumed`` batches was cut short by the end of the data (C5): no optimizer
     steps on them. Under manual optimisation the call may have run backward on some of them (Megatron's schedule runs

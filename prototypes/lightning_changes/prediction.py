@@ -11,7 +11,7 @@ from pytorch_lightning.callbacks import BasePredictionWriter
 from pytorch_lightning.utilities.combined_loader import CombinedLoader
 
 
-# ----------------------------------------------------------------------- [RFC 15] the prediction writer
+# ----------------------------------------------------------------------- [RFC 5] the prediction writer
 class PredictionWriterSeesStepCalls:
     """A prediction loop's record of what ``BasePredictionWriter`` reads, kept per step call when the step pulls
     batches.
@@ -46,7 +46,7 @@ class PredictionWriterSeesStepCalls:
         if not self._return_predictions:  # with return_predictions the loop keeps them already
             self._predictions[dataloader_idx].append(move_data_to_device(prediction, torch.device("cpu")))
 
-    # [RFC 3]
+    # [RFC 4]
     def _on_drain_call_returned(self, prediction: Any, dataloader_idx: int, consumed: list[int]) -> None:
         """A drain call of ``predict_step`` (C17) returned ``prediction``: it joins ``trainer.predict``'s results and
         what the writers get, after the predictions of the calls before it. ``consumed``: the ``batch_idx`` of the

@@ -214,7 +214,7 @@ class _InstallsPrefetchingFetcher:
         self.resources.end_run()
 
 
-# [RFC 7]
+# [RFC 2]
 class _PrefetchingEvaluationSteps(_InstallsPrefetchingFetcher):
     """The evaluation and prediction loops: Lightning's, with the design's fetcher and one call per dataloader."""
 

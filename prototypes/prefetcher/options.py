@@ -40,7 +40,7 @@ class RunResources:
     """What one trainer's loops and fetchers share per run: the CUDA copy stream and the two locks that serialise the
     profiler while a prefetch thread records on it (``profiler_guard`` uses them).
 
-    Why ``__reduce__`` ([RFC 16]): Lightning and its users copy a Trainer (``strategy="ddp_spawn"`` pickles it into
+    Why ``__reduce__`` ([RFC 1]): Lightning and its users copy a Trainer (``strategy="ddp_spawn"`` pickles it into
     each rank, ``copy.deepcopy`` of a loop), and locks and streams cannot be pickled; a copy gets new ones, built from
     the options.
     """

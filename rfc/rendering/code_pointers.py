@@ -189,15 +189,17 @@ def no_code_of_its_own(item: dict) -> str:
 
 
 def block_code_item(number: int):
-    """The block ``code-item-<n>``: the definitions tagged ``[RFC n]``, the shared modules' first (a design's modules
-    sit in its package), each module's in source order."""
+    """The block ``code-item-<n>``: where the stack makes item n, then how many prototype definitions are tagged
+    ``[RFC n]`` and in which modules (``grep -rn "RFC n" prototypes`` lists them)."""
 
     def block(inputs: Inputs, page_dir: Path) -> str:
         tags, _ = read_tags(code_dir(inputs))
-        tagged = sorted((t for t in tags if t.item == number), key=lambda t: (t.module.count("."), t.module, t.line))
-        pointers = ", ".join(dict.fromkeys(code(tag.pointer) for tag in tagged))
+        tagged = [t for t in tags if t.item == number]
+        modules = sorted({t.module.split(".")[0] for t in tagged})
+        pointers = (f"in the prototypes, {len({t.pointer for t in tagged})} definitions tagged `[RFC {number}]` in "
+                    + ", ".join(code(m) for m in modules) if tagged else "")
         # an item only Lightning can make (no prototype code) may still be made by the patch
-        return "; ".join(part for part in (pointers, _in_the_patch(inputs, number)) if part)
+        return "; ".join(part for part in (_in_the_patch(inputs, number), pointers) if part)
 
     return block
 
@@ -214,13 +216,13 @@ def _in_the_patch(inputs: Inputs, number: int) -> str:
     summary = load_json(path)
     item = next((item for item in summary["items"] if item["number"] == number), None)
     if item is None:
-        return f"the patch to Lightning {summary['release']}: not in the series yet"
+        return "the stack: not in the series yet"
     if item["code"] is None:
-        return f"the patch to Lightning {summary['release']}: {no_code_of_its_own(item)}, {item['part']}"
+        return f"the stack: {no_code_of_its_own(item)}, {item['part']}"
     files = (
         ", ".join(f"{code(f['path'])} +{f['added']} \u2212{f['removed']}" for f in item["files"])
         if len(item["files"]) <= 3
         else f"+{item['added']} \u2212{item['removed']} lines in {len(item['files'])} files"
     )
     part = f", so far {item['part']}" if item.get("part") else ""
-    return f"the patch to Lightning {summary['release']}{part}: {code(item['code'])} ({files})"
+    return f"the stack{part}: {code(item['code'])} ({files})"

@@ -7,15 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prototypes import DESIGNS
+from prototypes import DESIGNS, RECOMMENDED
 from rendering.conformance import conformance_parts
-from rendering.decision import RECOMMENDED
 from rendering.markdown import code, no_results, table
 from rendering.results import CONFORMANCE_COMMAND, Inputs
 
 COUNT_TEST = "test_c16_collectives.py::test_a_step_call_costs_no_collective_beyond_stocks_per_batch_one"
-# the same steps with DDP's communication hook left to the design, which may carry its vote in the gradients' all-reduce
-CARRIED_TEST = "test_c16_collectives.py::test_a_step_call_meets_its_peers_only_in_the_gradients_all_reduce"
 STEPS = {"1-per-call": "one batch per call", "2-per-call": "two batches per call",
          "async-handle": "Lightning's async-handle pattern (pulls ahead)"}
 
@@ -60,28 +57,10 @@ def block_ddp_counts(inputs: Inputs, page_dir: Path) -> str:
         "ranks differ):\n\n"
         + table(["step", "step calls", "of them drain calls", "collectives", "host reads", "stock: batches",
                  "stock: collectives", "stock: host reads"], rows)
-        + f"\n\nBeyond one collective and one host read per step call: {extra} per epoch (the vote after the last "
-        "call, where the ranks agree that the data ended)."
-        + _carried(data)
+        + f"\n\nBeyond one collective and one host read per step call: {extra} per epoch (the vote before the first "
+        "call)."
     )
 
 
 def _in_step_order(runs: dict[str, dict[str, list[int]]]) -> list[tuple[str, dict[str, list[int]]]]:
     return sorted(runs.items(), key=lambda kv: list(STEPS).index(kv[0]) if kv[0] in STEPS else len(STEPS))
-
-
-def _carried(data: dict[str, Any]) -> str:
-    """The same steps where the counting leaves DDP's communication hook to the design: the collectives besides the
-    gradients' all-reduces (stock's regular flavour makes one per batch, its SIGTERM broadcast)."""
-    runs = counted_runs(data, RECOMMENDED, CARRIED_TEST)
-    if not runs:
-        return f"\n\nThe results file holds no counts of {code(CARRIED_TEST)} for {code(RECOMMENDED)}."
-    rows = [[STEPS.get(step, step), _per_rank(m["calls"]), _per_rank(m["drain_calls"]),
-             _per_rank(m["own_collectives"]), _per_rank(m["host_reads"])] for step, m in _in_step_order(runs)]
-    return (
-        f"\n\nThe same steps with no communication hook of the counting's own on the DDP model ({code(CARRIED_TEST)}),"
-        " so that the vote rides in the gradients' all-reduce where a call's backward makes one; stock's regular"
-        " flavour makes one collective besides the gradients' per batch (the SIGTERM broadcast):\n\n"
-        + table(["step", "step calls", "of them drain calls", "collectives besides the gradients'", "host reads"],
-                rows)
-    )

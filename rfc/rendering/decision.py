@@ -1,11 +1,11 @@
-"""The RFC's second decision, read off the benchmark verdicts: is a prefetch thread the default, or opt-in?
+"""The RFC's second decision, read off the benchmark verdicts: does the loop prefetch on a thread of its own?
 
 The rule is fixed here, before any run: the thread is the default only if, at every S1 and S6 point, the
 configuration the targets judge (the recommended design with its ``thread_options``, whatever a results file calls
 it) is faster than the fastest alternative of that point (what users already use, and the design without a thread
 composed with it), with the whole 95 % interval of the time ratio below 1 (verdict
 "met" of the ``S1-alternatives`` and ``S6-alternatives`` targets). Any point where it is slower, not distinguishable
-or not judged makes the thread opt-in, and the block says which points those are. The text cannot contradict the
+or not judged leaves the thread out, and the block says which points those are. The text cannot contradict the
 numbers because it is rendered from them.
 """
 
@@ -19,11 +19,9 @@ from rendering.markdown import cell, code, no_results
 from rendering.results import BENCHMARK_COMMAND, Inputs
 from rendering.targets import verdict_of, with_interval
 
-# Decision 1: the design whose loops and fetcher Lightning adopts. What it ships with (its registered ``options``)
-# and its opt-in thread (``thread_options``) are read from the registry, never typed into a page.
-RECOMMENDED = "prefetcher"
-# The recommended design written into Lightning's own classes (``patch/``): not a competitor of the prototypes
-RECOMMENDED_AS_PATCH = "patched"
+# The prototype that measured a prefetch thread: its opt-in thread (``thread_options``) is what Decision 2 judges,
+# read from the registry, never typed into a page. What ships (``prototypes.RECOMMENDED``) has no thread.
+THREAD_DESIGN = "prefetcher"
 DECIDING_TARGETS = ("S1-alternatives", "S6-alternatives")
 OUTCOME_WORDS = {"met": "faster", "missed": "slower", "inconclusive": "not distinguishable",
                  "not judged": "not judged"}
@@ -64,13 +62,13 @@ def thread_decision(benchmarks: dict[str, dict[str, Any]]) -> tuple[bool, list[s
 
 def thread_id() -> str:
     """How results and ``--design`` spell the recommended design with its opt-in thread (``thread_options``)."""
-    design = DESIGNS[RECOMMENDED]
+    design = DESIGNS[THREAD_DESIGN]
     return design.variant(**design.thread_options).id
 
 
 def thread_on_by_default() -> bool:
     """Whether the recommended design's registered options are those of its thread: what the code ships."""
-    design = DESIGNS[RECOMMENDED]
+    design = DESIGNS[THREAD_DESIGN]
     return bool(design.thread_options) and dict(design.options) == dict(design.thread_options)
 
 
@@ -83,30 +81,26 @@ def thread_points(benchmarks: dict[str, dict[str, Any]]) -> tuple[int, int]:
 
 
 def block_decision(inputs: Inputs, page_dir: Path) -> str:
-    """Decision 2 (the prefetch thread by default or opt-in), rendered from the benchmark verdicts."""
+    """Decision 2 (whether the loop prefetches on a thread), rendered from the benchmark verdicts."""
     if not inputs.benchmarks:
         return no_results("benchmark results", BENCHMARK_COMMAND)
     default, lines = thread_decision(inputs.benchmarks)
     if not lines:
         return ("**The prefetch thread: no verdict.** No results file judges a prefetching design against the "
-                "alternatives (targets `S1-alternatives`, `S6-alternatives`), so the thread stays opt-in.")
-    rule = ("The rule: the thread is the default only if at every S1 and S6 point it is faster than the fastest "
-            "alternative measured in the same rounds (stock Lightning with DataLoader workers or with torchdata "
-            "`nodes` prefetching, the design without a thread with either, and in S6 the hook work moved into the "
-            "workers or into `ParallelMapper` threads), the whole 95 % interval of the time ratio below 1.")
+                "alternatives (targets `S1-alternatives`, `S6-alternatives`), so no thread ships.")
+    rule = ("The rule: a thread ships only if it is faster than the fastest alternative at every measured workload. "
+            "S1 sets the loading time L against the step's compute C; S6 sets the transfer hooks' work M against C. "
+            "The alternatives run in the same rounds: stock Lightning with DataLoader workers or torchdata `nodes` "
+            "prefetching, the design without a thread with either, and in S6 the hook work moved into the workers or "
+            "`ParallelMapper` threads. Faster means the whole 95 % interval of the time ratio is below 1.")
+    faster, total = thread_points(inputs.benchmarks)
     if default:
-        head = ("**Decision 2: a prefetch thread by default.** At every point judged, the thread beats the simpler "
-                "design plus what users already use.")
-        then = (f"So {code(RECOMMENDED)} ships with its thread on: its registered options are those of "
-                f"{code(thread_id())}.")
+        head = (f"**Decision 2: the measurements favour a prefetch thread, which the stack lacks.** "
+                f"{code(thread_id())} beats the fastest alternative at every point judged.")
+        then = "A thread would be a change of its own, after this one; the stack ships none."
     else:
-        head = ("**Decision 2: the prefetch thread is opt-in, not the default.** The measurements do not show it "
-                "beating the simpler design plus what users already use at every point.")
-        faster, _ = thread_points(inputs.benchmarks)
-        where = ("for the workloads where the rows above show it faster" if faster else
-                 "that no point measured here shows faster; it stays for workloads the benchmarks do not cover, with "
-                 "nothing above to promise a gain")
-        then = (f"So the contract ships without a thread by default ({code(DESIGNS[RECOMMENDED].id)}: "
-                f"batches loaded on the step's thread when it asks for them), and the thread is an option "
-                f"({code(thread_id())}) {where}.")
+        head = (f"**Decision 2: no prefetch thread.** The prototype's opt-in thread ({code(thread_id())}) is faster "
+                f"than the fastest alternative at {faster} of {total} measured workloads.")
+        then = ("So the stack ships no thread: the step's `next()` loads the batch on the step's thread, and a user "
+                "who needs loading hidden keeps DataLoader workers or torchdata, as today.")
     return "\n\n".join([head, rule, "\n".join(lines), then])

@@ -89,12 +89,18 @@ def _versions(runs: dict[str, Any]) -> str:
 
 
 def _differences_list(differences: list[dict[str, Any]]) -> str:
-    """One line per difference (a list, not a table: test ids do not wrap, and the page has a fixed width)."""
-    return "\n".join(
-        f"- {code(d['test'].removeprefix(TEST_PREFIX))}: {d['stock']} on stock, {d['patched']} patched;"
-        f" {_what_it_is(d)}: {cell(d.get('why', ''))}"
-        for d in differences
-    )
+    """One line per test function, its differing parametrisations counted together where they share their outcomes
+    and reason (a list, not a table: test ids do not wrap, and the page has a fixed width)."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for d in differences:
+        key = (d["test"].removeprefix(TEST_PREFIX).split("[")[0], d["stock"], d["patched"], _what_it_is(d),
+               d.get("why", ""))
+        groups.setdefault(key, []).append(d)
+    lines = []
+    for (test, stock, patched, what, why), rows in groups.items():
+        cases = f" ({len(rows)} parametrisations)" if len(rows) > 1 else ""
+        lines.append(f"- {code(test)}{cases}: {stock} on stock, {patched} patched; {what}: {cell(why)}")
+    return "\n".join(lines)
 
 
 def lightning_tests_block(results: dict[str, Any] | None) -> str:

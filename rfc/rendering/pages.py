@@ -31,6 +31,8 @@ from rendering.coupling import COUPLING_BLOCKS
 from rendering.decision import block_decision
 from rendering.defects import block_defects
 from rendering.drain_rules import DRAIN_BLOCKS
+from rendering.first_screen import FIRST_SCREEN_BLOCKS
+from rendering.lightning_issues import block_lightning_issues
 from rendering.lightning_tests import block_lightning_stack_tests, block_lightning_tests, block_patch_coverage
 from rendering.markdown import display_path, once_per_page, wrappable_tables
 from rendering.patch_series import block_patch_cost, block_patch_migration, block_patch_series
@@ -84,6 +86,8 @@ BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
     "patch-coverage": block_patch_coverage,
     **COUPLING_BLOCKS,
     **DRAIN_BLOCKS,
+    **FIRST_SCREEN_BLOCKS,
+    "lightning-issues": block_lightning_issues,
     **PROSE_BLOCKS,
 }
 
@@ -127,7 +131,7 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         "contract clauses of the [specification](../specification.md). Rendered from `rfc/results/conformance.json`.",
         [(None, "matrix"), ("Real pipelines: batches trained per epoch", "real-pipelines"),
          ("Expected failures and their reasons", "expected-failures"),
-         ("Failures, errors, unexpected passes and skips", "failures")],
+         ("Failures, errors, unexpected passes and skips", "failures"), ("Test index", "clause-tests")],
     )
     bench_sections: list[tuple[str | None, str]] = [
         (None, "bench-setup"),
@@ -162,7 +166,29 @@ def generated_pages(inputs: Inputs) -> dict[Path, str]:
         "raw-loop ideal and the rounds are in the collapsed block under it.",
         bench_sections,
     )
-    return {out / MATRIX_PAGE: matrix, out / "benchmarks.md": benchmarks}
+    drain_calls = page(
+        "Drain calls",
+        "The real clients of the flavour, each run unmodified and with the module's opt-in, against the same client "
+        "driven by a plain loop (`tests/test_drain_rules.py`). The decision and its table are in the RFC; this page "
+        "lists every case that did not run as the plain loop, with what it trained or the error it raised.",
+        [(None, "drain-cases")],
+    )
+    patch = page(
+        "The stack of pull requests",
+        "The recommended design as pull requests to pytorch-lightning (`patch/`): what each changes, how each "
+        "commit runs alone, what a user of today's flavour notices, and Lightning's own tests on the patched build.",
+        [(None, "patch-series"), ("What a user of today's flavour notices", "patch-migration"),
+         ("Lightning's tests, stock against patched", "lightning-tests"),
+         ("The tests the stack adds", "lightning-stack-tests"), ("Coverage of the added lines", "patch-coverage")],
+    )
+    defects = page(
+        "Defects the suite catches",
+        "Each defect of the catalogue (`tests/conformance/defects/`) applied to a real design, and the tests of its "
+        "clause that failed against it ([specification](../specification.md#defects-the-suite-is-proven-to-catch)).",
+        [(None, "defects")],
+    )
+    return {out / MATRIX_PAGE: matrix, out / "benchmarks.md": benchmarks, out / "drain-calls.md": drain_calls,
+            out / "patch.md": patch, out / "defects.md": defects}
 
 
 def _hand_written_pages(inputs: Inputs) -> list[Path]:

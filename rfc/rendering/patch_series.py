@@ -26,12 +26,10 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     lines = [
         f"The patch to pytorch-lightning {summary['release']} is a stack of {len(pull_requests)} pull requests of"
         f" {len(commits)} commits in all, in the order a maintainer would merge them; {len(with_edits)} of the"
-        f" {len(items)} items above edit Lightning's code, adding {added} lines and removing {removed} in"
-        f" {len(files)} files (`{COMMAND}`; `--layout repository` writes it for `src/lightning/pytorch/`). An item"
-        " that needs another to run shares its commit, and an item without code of its own has its CHANGELOG entry"
-        " in the commit whose code makes it, so no commit is empty. Each pull request's directory holds its patches"
-        " and its description: what it changes and why, its commits, what a user notices, how to adapt, its"
-        " CHANGELOG entries.",
+        f" {len(items)} items of the RFC's change list edit Lightning's code, adding {added} lines and removing"
+        f" {removed} in {len(files)} files (`{COMMAND}`; `--layout repository` writes it for"
+        " `src/lightning/pytorch/`). Each pull request's directory holds its patches and its description: what it"
+        " changes and why, its commits, what a user notices, how to adapt, its CHANGELOG entries.",
         "",
         "| Pull request | Commit | Items | Lightning's lines (+/−) |",
         "| --- | --- | --- | --- |",
@@ -181,12 +179,10 @@ def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
         target = f"≤ {row['threshold']}: **{row['verdict']}**" if "threshold" in row else "–"
         rows.append(f"| {cases.get(row['case'], cell(row['case']))} | {row['pairs']} | {shown} | {target} |")
     return "\n".join([
-        f"Time per batch of S3's run (tiny model, no loading time, batch size 1, {setup['batches']} batches, timed "
-        f"from batch {setup['skip']}) under the patched Lightning against stock, in lockstep pairs across the two "
-        f"environments (`{COST_COMMAND}`), cycling over every combination of {builds['stock']} build(s) of stock "
-        f"and {builds['patched']} of the patched environment, each installed in an environment of its own: median "
-        "ratio of the pairs with its 95 % interval; a target is met or missed only when the whole interval is on one "
-        "side of it.",
+        f"Time per batch of S3's run (tiny model, batch size 1, {setup['batches']} batches, timed from batch "
+        f"{setup['skip']}), patched over stock, in lockstep pairs over {builds['stock']} build(s) of stock and "
+        f"{builds['patched']} of the patched package (`python -m benchmarks.patch_cost`). A target is met or missed "
+        "only when the whole 95 % interval is on one side of it.",
         "",
         "| Case | pairs | ratio [95 % interval] | target |",
         "| --- | ---: | --- | --- |",

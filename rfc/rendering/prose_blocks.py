@@ -15,18 +15,9 @@ from pathlib import Path
 from prototypes import DESIGNS
 from prototypes.coupling import design_module
 from rendering.conformance import MATRIX_PAGE, reasons_anchor
-from rendering.decision import (
-    RECOMMENDED,
-    RECOMMENDED_AS_PATCH,
-    thread_decision,
-    thread_id,
-    thread_on_by_default,
-    thread_points,
-)
-from rendering.drain_rules import decision_line, drain_results
 from rendering.markdown import code, no_results
-from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, Inputs
-from rendering.standing import link_in_rfc, stance, targets_link
+from rendering.results import CONFORMANCE_COMMAND, Inputs
+from rendering.standing import link_in_rfc, stance
 
 USER_CODE_RE = re.compile(r"^User code::\n\n(?P<body>(?:    .*\n|\n)+)", re.MULTILINE)
 # The runs the drain-end rule of C17 rests on: the variant and the clauses of the specification's rationale.
@@ -45,41 +36,6 @@ def shipping_sentence(name: str) -> str:
         return text + ": **its prefetch thread runs by default** (the options are its `thread_options`)"
     thread = design.variant(**design.thread_options).id
     return text + f": **no prefetch thread by default**; the thread is opt-in, {code(thread)} (its `thread_options`)"
-
-
-def block_decisions(inputs: Inputs, page_dir: Path) -> str:
-    """Both decisions in three lines, each with the count it rests on and a link to its evidence."""
-    own = link_in_rfc(inputs, page_dir, "index.md")
-    lines = [f"**What ships:** the specification's contract, implemented in Lightning's loops as the "
-             f"{code(RECOMMENDED)} design does. {shipping_sentence(RECOMMENDED)}.", ""]
-    if inputs.conformance:
-        found = stance(inputs.conformance, RECOMMENDED)
-        others = {n: stance(inputs.conformance, n) for n in DESIGNS if n not in (RECOMMENDED, RECOMMENDED_AS_PATCH)}
-        ranked = sorted(((len(s.met), n) for n, s in others.items() if s), reverse=True)
-        runner_up = f"; next, {code(ranked[0][1])}: {ranked[0][0]}" if ranked else ""
-        patch = stance(inputs.conformance, RECOMMENDED_AS_PATCH)
-        as_patch = (f"; written into Lightning by the patch ({code(RECOMMENDED_AS_PATCH)}), {len(patch.met)} of "
-                    f"{len(patch.tested)}" if patch else "")
-        figure = (f"{code(RECOMMENDED)} meets {len(found.met)} of {len(found.tested)} clauses in every variant the "
-                  f"suite ran{as_patch}{runner_up}" if found else f"the suite has not run {code(RECOMMENDED)}")
-    else:
-        figure = no_results("conformance results", CONFORMANCE_COMMAND)
-    lines.append(f"- **Decision 1: adopt the contract (C1–C19) and its conformance suite, implemented as "
-                 f"{code(RECOMMENDED)}.** {figure} ([where each design stands]({own}#comparison), "
-                 f"[conformance matrix]({link_in_rfc(inputs, page_dir, 'generated/' + MATRIX_PAGE)})).")
-    if inputs.benchmarks:
-        faster, total = thread_points(inputs.benchmarks)
-        default, _ = thread_decision(inputs.benchmarks)
-        verdict = "on by default" if default else "opt-in"
-        figure = (f"{code(thread_id())} is faster than the fastest alternative at {faster} of {total} S1 and S6 "
-                  "points, and the thread is the default only if it is at every one")
-    else:
-        verdict, figure = "opt-in", no_results("benchmark results", BENCHMARK_COMMAND)
-    lines.append(f"- **Decision 2: the prefetch thread is {verdict}.** {figure} ([Decision 2 in full]({own}"
-                 f"#recommendation), [targets table]({targets_link(inputs, page_dir)})). In the code: the thread "
-                 f"is {'on' if thread_on_by_default() else 'off'} by default.")
-    lines.append(f"- {decision_line(drain_results(inputs), f' ([Decision 3 in full]({own}#recommendation))')}")
-    return "\n".join(lines)
 
 
 def user_code(name: str) -> str:
@@ -173,7 +129,6 @@ def _per_design(make: Callable[[Inputs, Path, str], str], doc: str) -> dict[str,
 
 
 PROSE_BLOCKS: dict[str, Callable[[Inputs, Path], str]] = {
-    "decisions": block_decisions,
     "end-rule-runs": block_end_rule_runs,
     **{f"ships-{n}": b for n, b in _per_design(lambda i, p, n: shipping_sentence(n) + ".",
                                                "What a design ships, from the registry.").items()},

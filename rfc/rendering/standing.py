@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prototypes import DESIGNS
+from prototypes import DESIGNS, RECOMMENDED
 from rendering.conformance import conformance_parts
 from rendering.coupling import private_names_used
-from rendering.decision import RECOMMENDED_AS_PATCH
 from rendering.markdown import bench_setup, code, conformance_setup, no_results, relative_link, table
 from rendering.patch_series import patch_cost_verdicts
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, FAIL, XFAIL, Inputs
@@ -84,7 +83,7 @@ def judged_results(inputs: Inputs) -> dict[str, Counter]:
                     key = row_design if row_design in opt_in else design_of_row(row_design)
                     found.setdefault(key, Counter())[outcome] += 1
     for outcome in patch_cost_verdicts(inputs):
-        found.setdefault(RECOMMENDED_AS_PATCH, Counter())[outcome] += 1
+        found.setdefault(RECOMMENDED, Counter())[outcome] += 1
     return found
 
 
@@ -131,13 +130,8 @@ def block_standing(inputs: Inputs, page_dir: Path) -> str:
         if opt_in and verdicts.get(opt_in):  # the opt-in thread, apart from what ships
             rows.append([f"{code(opt_in)} (opt-in)", *(["–"] * (3 if inputs.conformance else 0)),
                          _verdict_counts(verdicts.get(opt_in, Counter())), "–"])
-    legend = ("One line per registered design. Conformance counts add up every variant of a design the suite ran "
-              "(for example each prefetch depth). Benchmark targets: how many judged results of the design's "
-              "configurations carry each verdict (met or missed only when the whole 95 % interval is on one side of "
-              "the threshold); each result with its median and interval is in the targets table; an opt-in "
-              "configuration (the recommended design's thread) has a row of its own, and the design's row counts what "
-              "it ships; `patched` counts the patch's cost cases (the patch-cost table). \"–\": nothing judged (for "
-              "an opt-in row's conformance: counted in its design's row). Private Lightning names: read from each "
-              "design's source by `python -m prototypes.coupling`, with how many of them the shared modules use (the "
-              "design pages list them).")
+    legend = ("Clauses met: every variant of the design the suite ran passes every test of the clause. Benchmark "
+              "targets: the design's judged results by verdict, met or missed only when the whole 95 % interval is on "
+              "one side of the threshold; `patched` adds the patch's cost cases. Private Lightning names: "
+              "`python -m prototypes.coupling`.")
     return "\n\n".join(parts + [table(headers, rows), legend])

@@ -123,7 +123,8 @@ def targets_table(targets: Any) -> str:
 
 
 def row_verdicts(row: dict[str, Any], scenario: str, targets: dict[str, Any]) -> str:
-    """The targets this row is judged by, each met or missed ("–": none applies)."""
+    """The targets this row is judged by, each met or missed ("–": none applies). A row of a scenario measured at
+    several world sizes or steps carries a verdict only where the target judged that row."""
     out = []
     for name, spec in (targets or {}).items():
         if name.split("-")[0] != scenario:
@@ -131,6 +132,11 @@ def row_verdicts(row: dict[str, Any], scenario: str, targets: dict[str, Any]) ->
         if scenario == "S3" and row.get("flavour") != ("regular" if name == "S3-regular" else "dataloader_iter"):
             continue
         for r in spec.get("results") or []:
+            # a result names no world size or step: where a scenario has several per design (S7), the row it judged
+            # is the one whose figure it holds
+            several = "world_size" in row or "step" in row
+            if several and r.get("value") != row.get(spec.get("metric")):
+                continue
             if r.get("design") == row.get("design") and r.get("point") == row.get("point"):
                 out.append(f"{cell(name)} {VERDICT_TEXT.get(verdict_of(r) or '', '–')}")
     return "<br>".join(out) or "–"
