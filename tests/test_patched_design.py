@@ -109,5 +109,5 @@ def test_the_patched_package_warns_of_a_call_cut_short_with_its_public_category(
     from pytorch_lightning.utilities.warnings import CutShortCallWarning
 
     trainer = DESIGN.trainer(**harness_common.QUIET)
-    with pytest.warns(CutShortCallWarning, match="cut short by the end of the data"):
+    with pytest.warns(CutShortCallWarning, match="ran out of data"):
         trainer.fit(_TwoPerCall(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(3, 2), batch_size=1))
