@@ -89,14 +89,15 @@ def costs_line(inputs: Inputs, glossary: str = "glossary.md") -> str:
                              f"stock's (target ≤ {row['threshold']}: {row['verdict']})")
     else:
         parts.append(no_results("patch cost results", COST_COMMAND))
-    for _, row, verdict in sorted(s7_rows(inputs), key=lambda r: (r[1]["world_size"], r[1]["step"] != "20ms")):
+    found = s7_rows(inputs)
+    for _, row, verdict in sorted(found, key=lambda r: (r[1]["world_size"], r[1]["step"] != "20ms")):
         if row.get("world_size") != JUDGED[0]:
             continue
         judged = f" (target ≤ 1.01: {verdict})" if verdict else " (shown, not judged)"
         parts.append(f"under DDP on 2 ranks, a [step call]({glossary}#step-call) of the {row['step']} step "
                      f"{_interval(row['overhead_vs_regular'], row['overhead_vs_regular_interval'])} of a regular "
                      f"batch{judged}")
-    if not s7_rows(inputs):
+    if not found:
         parts.append(f"S7 not measured for {code(RECOMMENDED)} ({BENCHMARK_COMMAND} in its environment)")
     return ("**What it costs** (time ratios, median [95 % interval], one machine of 2 CPUs): "
             + "; ".join(parts) + ".")
