@@ -21,6 +21,7 @@ def _fetcher(source: LightningSource) -> None:
         "from collections.abc import Callable",
         "from pytorch_lightning.utilities.warnings import PossibleUserWarning",
         "import warnings",
+        "from lightning_fabric.utilities.types import _Stateful",
     ):
         fetchers.add_import(line)
     fetchers.replace_statement(
@@ -51,6 +52,7 @@ def _fetcher(source: LightningSource) -> None:
         self._taken: list[_ITERATOR_RETURN] = []  # the batches handed out since the last step call ended
         self._batches_per_call: list[int] = []
         self._declined = False
+        self._has_stateful_loaders = False
         self._lock = threading.RLock()  # a step's pipeline may take batches on a thread of its own
         self.iterator_wrapper: Optional[_DataFetcherWrapper] = None
         """,
@@ -85,7 +87,7 @@ def _fetcher(source: LightningSource) -> None:
             with self._lock:
                 while len(self._ahead) < count and not self._exhausted:
                     # the loaders' states before the batch: what a checkpoint records while the batch is held
-                    states = self.combined_loader._state_dicts()
+                    states = self.combined_loader._state_dicts() if self._has_stateful_loaders else []
                     try:
                         batch, batch_idx, dataloader_idx = super().__next__()
                     except StopIteration:
@@ -137,6 +139,9 @@ def _fetcher(source: LightningSource) -> None:
         self._exhausted = self.done
         self._taken = []
         self.iterator_wrapper = None
+        self._has_stateful_loaders = self._combined_loader is not None and any(
+            isinstance(loader, _Stateful) for loader in self._combined_loader.flattened
+        )
         """,
         at_end=True,
     )
