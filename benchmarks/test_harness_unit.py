@@ -357,7 +357,8 @@ def test_lockstep_raises_a_failing_runs_error_without_hanging_the_other(tmp_path
 def test_a_pair_across_interpreters_takes_turns_batch_by_batch(tmp_path: Path) -> None:
     # two interpreters (here the same one twice): S3's run in each, taking turns through pipes from the window on
     log, skip, batches = tmp_path / "receipts", 3, 12
-    first_s, second_s = patch_cost.pair(sys.executable, sys.executable, "dataloader_iter", batches, skip, log)
+    first_s, second_s = patch_cost.pair(sys.executable, sys.executable, ("dataloader_iter", "dataloader_iter"), batches,
+                                       skip, log)
     receipts = [line.split() for line in log.read_text().splitlines()]
     in_window = [name for name, i in receipts if int(i) > skip]
     assert in_window == ["0", "1"] * (batches - 1 - skip)  # strictly alternating, the first run first
@@ -368,37 +369,43 @@ def test_a_pair_across_interpreters_takes_turns_batch_by_batch(tmp_path: Path) -
 def test_a_pair_across_interpreters_raises_its_runs_errors_instead_of_waiting() -> None:
     # runs that never reach their window (no batch after the skip) fail, and the pair says why
     with pytest.raises(RuntimeError, match="received no batch after the first 8"):
-        patch_cost.pair(sys.executable, sys.executable, "regular", 8, 8)
+        patch_cost.pair(sys.executable, sys.executable, ("regular", "regular"), 8, 8)
 
 
 def test_the_patch_cost_judges_each_flavour_against_its_threshold_from_the_interval() -> None:
-    ratios = {"regular": [1.0 + i / 10_000 for i in range(24)], "dataloader_iter": [1.01 + i / 1000 for i in range(24)],
-              patch_cost.SAME_ENVIRONMENT: [1.0] * 24}
+    ratios = {"regular": [1.0 + i / 10_000 for i in range(24)],
+              "dataloader_iter": [0.998 + i / 1000 for i in range(24)], patch_cost.SAME_ENVIRONMENT: [1.0] * 24}
     stock = dict(python="3.11", torch="2.x", pytorch_lightning="9.9.9", patch_series=None)
     payload = patch_cost.results(ratios, stock, dict(stock, patch_series="sha256:ab"), 200, 20)
     rows = {row["case"]: row for row in payload["rows"]}
     assert rows["regular"]["verdict"] == "met" and rows["regular"]["threshold"] == 1.01
-    assert rows["dataloader_iter"]["verdict"] == "inconclusive"  # its interval straddles 1.02
+    assert rows["dataloader_iter"]["verdict"] == "inconclusive"  # its interval straddles 1.01
     assert "verdict" not in rows[patch_cost.SAME_ENVIRONMENT] and rows[patch_cost.SAME_ENVIRONMENT]["pairs"] == 24
     assert payload["setup"]["stock"]["patch_series"] is None and payload["setup"]["batches"] == 200
 
 
 def test_the_patch_cost_pairs_cycle_over_every_build_in_both_orders(monkeypatch) -> None:
-    made: list[tuple[str, str, str]] = []
+    made: list[tuple[str, str, tuple[str, str]]] = []
 
-    def pair(first: str, second: str, flavour: str, batches: int, skip: int) -> tuple[float, float]:
-        made.append((first, second, flavour))
+    def pair(first: str, second: str, flavours: tuple[str, str], batches: int, skip: int) -> tuple[float, float]:
+        made.append((first, second, flavours))
         return 1.0, 1.0
 
     monkeypatch.setattr(patch_cost, "pair", pair)
     ratios = patch_cost.measure(["s1", "s2"], ["p1", "p2"], 8, 10, 2)
     assert all(len(values) == 8 for values in ratios.values())
-    regular = [(first, second) for first, second, flavour in made if flavour == "regular"]
+    regular = [(first, second) for first, second, flavours in made if flavours == ("regular", "regular")]
     assert regular == [("s1", "p1"), ("p1", "s1"), ("s2", "p1"), ("p1", "s2"),
                        ("s1", "p2"), ("p2", "s1"), ("s2", "p2"), ("p2", "s2")]
     # stock's control pairs two builds of stock, never a build with itself
-    controls = [(first, second) for first, second, _ in made[2::3]]
+    controls = [(first, second) for first, second, _ in made[2::4]]
     assert len(controls) == 8 and all(first != second and {first, second} == {"s1", "s2"} for first, second in controls)
+    # the patched flavour beside stock's regular step, in the same pairs of builds: each run keeps its own flavour
+    # whichever takes the first turn
+    beside_regular = made[3::4]
+    assert [(first, second) for first, second, _ in beside_regular] == regular
+    assert all(flavours == (("regular", "dataloader_iter") if first.startswith("s") else ("dataloader_iter", "regular"))
+               for first, _, flavours in beside_regular)
 
 
 def test_the_patch_cost_refuses_builds_of_one_environment_that_run_different_things(monkeypatch, capsys) -> None:

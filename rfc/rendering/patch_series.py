@@ -149,6 +149,8 @@ _CASES = {
     "regular": "a regular `training_step(batch, batch_idx)`, patched over stock",
     "dataloader_iter": "`training_step(self, dataloader_iter)`, patched over today's flavour",
     "stock-over-stock": "today's flavour over itself (the method's own spread; a perfect method gives 1)",
+    "dataloader_iter-over-regular": ("`training_step(self, dataloader_iter)` patched, over stock's regular step (both"
+                                     " pass each batch through the transfer hooks)"),
 }
 # the control where the pairs cycled over several builds of stock: each build over another one
 _CONTROL_ACROSS_BUILDS = ("today's flavour, one build of stock over another (the builds' and the method's spread; a"
