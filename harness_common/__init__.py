@@ -2,8 +2,8 @@
 
 - **Design selection**: ``select_designs(spec)`` turns an ``--design`` value into the designs (and variants) a run
   covers, from the registry, from an installed package's entry point, or from ``package.module:ATTR``.
-- **Provenance**: where a results file comes from (versions, the commit of the measured code, when), written into
-  every results file's ``setup``; ``SETUP_LABELS`` is how the RFC shows it.
+- **Provenance**: where a results file comes from (versions, the commit of the measured code, a digest of each group
+  of measured sources, when), written into every results file's ``setup``; ``SETUP_LABELS`` is how the RFC shows it.
 - **The ratio rule**: ``RATIO_TOLERANCE``, how far a measured L/C or M/C may sit from its nominal value before a
   benchmark point is not judged (the benchmarks judge by it, the RFC flags by it).
 - **The quiet Trainer**: ``QUIET``, the Trainer defaults every test and benchmark builds its Trainers with.
@@ -22,6 +22,7 @@ the designs' package, which a maintainer would lift into Lightning without any o
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.metadata
 import json
@@ -203,7 +204,20 @@ SETUP_LABELS = [
     ("torchdata", "torchdata"),
     ("pytest_benchmark", "pytest-benchmark"),
 ]
-SETUP_HIDDEN = {"git_commit", "git_dirty", "generated_at", "machine_kind"}
+SETUP_HIDDEN = {"git_commit", "git_dirty", "sources", "generated_at", "machine_kind"}
+
+# The sources a record may have measured, in groups (git pathspecs from the repository's top): every results file
+# carries each group's digest (``source_digests``), and the renderer's check fails where a group that a file's record
+# measured has changed since. The harness's own unit tests are left out: editing them changes no measurement.
+MEASURED_SOURCES = {
+    "designs": (":(top,glob)prototypes/**",),
+    "patch": (":(top,glob)patch/**/*.py",),
+    "suite": (":(top,glob)tests/conformance/**", ":(top)tests/test_drain_rules.py",
+              ":(top)tests/test_defect_catalogue.py"),
+    "benchmarks": (":(top,glob)benchmarks/*.py", ":(top,exclude)benchmarks/test_harness_unit.py",
+                   ":(top,exclude)benchmarks/test_summary.py"),
+    "harness": (":(top,glob)harness_common/**/*.py",),
+}
 
 
 def git(*args: str, cwd: Path = REPO_ROOT) -> str:
@@ -217,14 +231,32 @@ def git(*args: str, cwd: Path = REPO_ROOT) -> str:
 
 
 def code_revision(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """``git_commit`` (HEAD) and ``git_dirty``: whether tracked files outside ``RESULT_PATHS`` differ from it.
+    """``git_commit`` (HEAD), ``git_dirty``: whether tracked files outside ``RESULT_PATHS`` differ from it, and
+    ``sources``: ``source_digests``.
 
     Why those excluded: writing ``rfc/results/`` and re-rendering ``rfc/generated/`` is what a measuring run does,
     not a change to what was measured.
     """
     excluded = [f":(exclude){path}" for path in RESULT_PATHS]
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded, cwd=root)
-    return {"git_commit": git("rev-parse", "HEAD", cwd=root), "git_dirty": changed != ""}
+    return {"git_commit": git("rev-parse", "HEAD", cwd=root), "git_dirty": changed != "",
+            "sources": source_digests(root)}
+
+
+def source_digests(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Per group of ``MEASURED_SOURCES``, the sha256 of its tracked files as they are in the working tree (paths and
+    contents, in path order); empty where git or the repository is missing."""
+    top = git("rev-parse", "--show-toplevel", cwd=root)
+    if top == "unknown":
+        return {}
+    digests = {}
+    for group, pathspecs in MEASURED_SOURCES.items():
+        digest = hashlib.sha256()
+        for name in sorted(git("ls-files", "--full-name", "--", *pathspecs, cwd=root).splitlines()):
+            path = Path(top, name)
+            digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"(deleted)") + b"\0")
+        digests[group] = digest.hexdigest()
+    return digests
 
 
 def version(dist: str) -> str:

@@ -42,6 +42,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from harness_common import code_revision
 from patch.edits import LightningSource
 from patch.items import ITEMS, TESTS_HERE, Item
 from patch.lightning_tests import TEST_ROOT
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = patched_tree(Path(scratch), args.sdist_cache, repository)
         patches = write_series(tree, args.out, args.layout)
         if args.summary:
-            written = summary(tree)
+            written = {**summary(tree), "setup": code_revision()}
             args.summary.write_text(json.dumps(written, indent=1) + "\n")
             for line in over_budget(written):
                 print(f"over budget: {line}", file=sys.stderr)

@@ -28,9 +28,23 @@ def test_the_code_counts_as_changed_only_outside_the_results_and_rendered_pages(
 
     (tmp_path / "rfc/results/conformance.json").write_text("a new run\n")
     (tmp_path / "rfc/generated/matrix.md").write_text("re-rendered\n")
-    assert harness_common.code_revision(tmp_path) == {"git_commit": head, "git_dirty": False}
+    clean = harness_common.code_revision(tmp_path)
+    assert (clean["git_commit"], clean["git_dirty"]) == (head, False)
     (tmp_path / "prototypes/design.py").write_text("changed\n")
-    assert harness_common.code_revision(tmp_path) == {"git_commit": head, "git_dirty": True}
+    changed = harness_common.code_revision(tmp_path)
+    assert (changed["git_commit"], changed["git_dirty"]) == (head, True)
+    # the digest of the designs' sources follows the working tree; no other group holds the file
+    assert {group for group in clean["sources"] if clean["sources"][group] != changed["sources"][group]} == {"designs"}
+
+
+def test_each_group_of_measured_sources_holds_files_and_leaves_out_the_harness_unit_tests() -> None:
+    listed = {group: harness_common.git("ls-files", "--full-name", "--", *pathspecs).splitlines()
+              for group, pathspecs in harness_common.MEASURED_SOURCES.items()}
+    empty = [group for group, files in listed.items() if not files]
+    assert not empty, f"groups that name no tracked file: {empty}"
+    assert "benchmarks/test_s3_overhead.py" in listed["benchmarks"]
+    assert "benchmarks/test_harness_unit.py" not in listed["benchmarks"]
+    assert "tests/conformance/expected_failures/upstream.txt" in listed["suite"]
 
 
 WORLDS_AT_ONCE = 12
