@@ -1,5 +1,6 @@
-"""The RFC's pages stay readable: each within its word budget, generated blocks included, and no prose sentence
-over ``MAX_SENTENCE_WORDS`` words outside tables, code and generated blocks."""
+"""The RFC's pages stay readable: each within its word budget, generated blocks included, no prose sentence over
+``MAX_SENTENCE_WORDS`` words outside tables, code and generated blocks, and one vocabulary for what ships: each
+glossary term defined once, the status words used as the glossary defines them, never a synonym."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ FENCE_RE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 SENTENCE_END_RE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`*(\[])")
 
 
-def sentences(text: str) -> list[str]:
-    """The prose sentences of a page: tables, headings, code and generated blocks left out."""
-    text = FENCE_RE.sub("", GENERATED_BLOCK_RE.sub("", text))
+def sentences(text: str, generated: bool = False) -> list[str]:
+    """The prose sentences of a page: tables, headings, code and (unless ``generated``) generated blocks left out."""
+    text = FENCE_RE.sub("", text if generated else GENERATED_BLOCK_RE.sub("", text))
     paragraphs, current = [], []
     for line in text.splitlines():
         stripped = line.strip()
@@ -56,3 +57,48 @@ def test_a_long_sentence_is_found_and_a_table_is_not():
     found = [s for s in sentences(page) if len(s.split()) > MAX_SENTENCE_WORDS]
     assert found == [long_sentence]
     assert "An item." in sentences(page) and "Another." in sentences(page)
+
+
+# The words that say whether a behaviour reaches a user (glossary: "Ships", "Opt-in"), and the synonyms that once let
+# two pages say two things of one behaviour: each refused, with the word to use
+REFUSED_STATUS_WORDS = {
+    r"\bdeferred\b": "say what it is now: not in the stack (or opt-in, where a user can turn it on)",
+    r"\bpostponed\b": "say what it is now: not in the stack",
+    r"\b(?:on|enabled) by default\b": "write ships (glossary: Ships)",
+    r"\boff by default\b": "write opt-in (glossary: Opt-in)",
+}
+VOCABULARY_CHECKED = (*SENTENCE_CHECKED, "docs/index.md")
+# the pages of the prototypes, where the prefetch thread exists and is opt-in
+PROTOTYPE_PAGES = tuple(DESIGN_PAGES)
+
+
+def status_findings(text: str, prototype_page: bool = False) -> list[str]:
+    """Sentences of ``text`` (generated blocks included) that use a refused status word, or, outside a prototype's
+    page, call the prefetch thread opt-in without naming the prototype that has one: the stack has no thread."""
+    found = []
+    for sentence in sentences(text, generated=True):
+        found += [f"{sentence[:120]!r}: {fix}" for pattern, fix in REFUSED_STATUS_WORDS.items()
+                  if re.search(pattern, sentence, re.IGNORECASE)]
+        if (not prototype_page and "opt-in" in sentence and "thread" in sentence
+                and not re.search(r"prototype|prefetcher", sentence)):
+            found.append(f"{sentence[:120]!r}: the stack has no thread; name the prototype whose thread is opt-in")
+    return found
+
+
+@pytest.mark.parametrize("page", VOCABULARY_CHECKED)
+def test_what_ships_is_said_in_one_vocabulary(page: str):
+    found = status_findings((ROOT / page).read_text(), prototype_page=page in PROTOTYPE_PAGES)
+    assert not found, f"{page}:\n" + "\n".join(found)
+
+
+def test_a_synonym_of_a_status_and_an_opt_in_thread_of_the_stack_are_found():
+    assert status_findings("The thread is deferred to a later release.")
+    assert status_findings("Drain calls are off by default.")
+    assert status_findings("The stack's thread is opt-in.")
+    assert not status_findings("The prototype's thread (`prefetcher[depth='auto']`) is opt-in. Drain calls are opt-in.")
+    assert not status_findings("The opt-in thread loads ahead.", prototype_page=True)
+
+
+def test_each_glossary_term_is_defined_once():
+    terms = re.findall(r"^## (.+)$", (ROOT / "rfc" / "glossary.md").read_text(), re.MULTILINE)
+    assert terms and len(terms) == len({term.lower() for term in terms}), f"a term defined twice: {terms}"
