@@ -628,6 +628,12 @@ def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_de
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(DESIGNS)
     assert "every_rank_has_a_batch" not in text and "alpha" not in text.split("| Design")[1]
+    # the evidence commit: one where every record ran at one, each of them where they differ
+    assert "every record in `rfc/results/` ran at commit `feedfacefeed`" in text
+    bench["setup"]["git_commit"] = "beadcafe" * 5
+    write_results(rfc, conformance(), bench)
+    assert run(rfc).returncode == 0
+    assert "ran at 2 commits (`beadcafebead`, `feedfacefeed`)" in (rfc / "first.md").read_text()
 
 
 def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(rfc):

@@ -15,6 +15,7 @@ from rendering.code_pointers import PATCH_SUMMARY
 from rendering.conformance import MATRIX_PAGE
 from rendering.decision import thread_decision, thread_id, thread_points
 from rendering.drain_rules import PROTOTYPE, STOCK, bad_cases, decision_line, drain_results, unasked
+from rendering.evidence import evidence_commits
 from rendering.markdown import cell, code, no_results, table
 from rendering.patch_series import COMMAND as SERIES_COMMAND
 from rendering.patch_series import COST_COMMAND, COST_FILE
@@ -22,6 +23,7 @@ from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, Inputs, lo
 from rendering.standing import link_in_rfc, stance
 from rendering.targets import verdict_of
 
+OVER_REGULAR = "dataloader_iter-over-regular"  # benchmarks.patch_cost's case beside stock's regular step
 JUDGED = (2, "20ms")  # S7's judged point: world size and step (benchmarks.targets)
 NOT_RUN = ("a GPU (the CUDA path of the transfer and TorchRec's streams)", "NCCL", "more than 8 ranks, or ranks on "
            "more than one machine", "FSDP, DeepSpeed and Megatron's own strategy")
@@ -87,6 +89,10 @@ def costs_line(inputs: Inputs, glossary: str = "glossary.md") -> str:
             if "verdict" in row:
                 parts.append(f"a {row['flavour']} module's batch {_interval(row['ratio'], row['interval'])} of "
                              f"stock's (target ≤ {row['threshold']}: {row['verdict']})")
+            elif row["case"] == OVER_REGULAR:
+                parts.append(f"that batch {_interval(row['ratio'], row['interval'])} of stock's regular batch "
+                             "(shown, not judged: both pass it through the transfer hooks, which today's flavour "
+                             "skips)")
     else:
         parts.append(no_results("patch cost results", COST_COMMAND))
     found = s7_rows(inputs)
@@ -148,7 +154,19 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
         "",
         "**Never run:** " + "; ".join(NOT_RUN) + ". Every figure comes from CPU processes on one machine "
         f"([what this weakens]({own}#what-was-never-run)).",
+        "",
+        evidence_line(inputs),
     ])
+
+
+def evidence_line(inputs: Inputs) -> str:
+    """The commit every record ran at, or the commits where they differ."""
+    commits = [commit[:12] for commit in evidence_commits(inputs.results_dir)]
+    if len(commits) == 1:
+        return (f"**Evidence:** every record in `rfc/results/` ran at commit `{commits[0]}`, and CI checks that "
+                "the code it measured has not changed since.")
+    return (f"**Evidence:** the records in `rfc/results/` ran at {len(commits)} commits "
+            f"({', '.join(f'`{commit}`' for commit in commits)}).")
 
 
 def block_alternatives(inputs: Inputs, page_dir: Path) -> str:
