@@ -32,7 +32,7 @@ WHY_NOT = {
     "upstream": "today's flavour: batches lost without a word and hangs at the end of data",
     "callback": "public API only: it cannot change what the loop counts or when it stops",
     "batch_processor": "a loop of its own: more private names, and DDP and Lightning's features fall behind",
-    "prefetcher": "the same behaviour as the stack, in about five times the code, carried in private DDP state",
+    "prefetcher": "the stack's behaviour plus a thread and drain rules of its own: more code, and private DDP state",
 }
 OTHER_ALTERNATIVES = (
     ("fix only today's fetcher (look-ahead and counting, no DDP, no drain)", "not built: the drain-call runs show "
