@@ -1,6 +1,7 @@
 """Where the committed records come from: ``evidence_commits`` gives the commits they ran at, for the first screen.
 
-Every results file records the commit in its ``setup`` (``runs[*].setup`` for ``durations.json``).
+Every results file records the commit in its ``setup`` (``setups[*]`` for ``drain-rules.json``, ``runs[*].setup``
+for ``durations.json``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from rendering.results import load_json
 def _setups(data: dict[str, Any]) -> list[dict[str, Any]]:
     if "setup" in data:
         return [data["setup"]]
+    if "setups" in data:  # one per column (drain-rules.json)
+        return list(data["setups"].values())
     return [run["setup"] for run in data.get("runs", {}).values() if "setup" in run]
 
 
