@@ -700,7 +700,13 @@ def test_lightning_tests_block_shows_both_runs_and_every_difference_with_its_cla
     assert "error patched; **regression** (item 12): the finder's \\| step" in text
     assert "- `trainer.test_new::test_x`: passed on stock, failed patched; **unclassified**:" in text
     assert "**Stale classifications:** `tests_pytorch.gone::test_old`" in text
+    assert "Note on this record" not in text
     assert run(rfc, "--check").returncode == 0
+    # what a record says of how it was made is shown with it
+    (rfc / "results" / "lightning-tests.json").write_text(json.dumps({**lightning_tests_results(),
+                                                                     "note": "rebuilt from the run's junit files"}))
+    assert run(rfc).returncode == 0
+    assert "*Note on this record:* rebuilt from the run's junit files." in (rfc / "page.md").read_text()
 
 
 def test_the_stack_tests_block_counts_those_that_show_their_change_and_lists_the_others(rfc):

@@ -62,7 +62,8 @@ def _limits(results: dict[str, Any]) -> str:
     legacy = results.get("legacy_checkpoints") or {}
     present, absent = legacy.get("versions_with_checkpoints") or [], legacy.get("versions_without_checkpoints") or []
     tests = ("The tests are the checkout's, not a 2.6.6 tag's (the repository has none; `patch/README.md` names the "
-             "release whose sources the package matches).")
+             "release whose sources the package matches)."
+             + (f" *Note on this record:* {results['note']}." if results.get("note") else ""))
     if not absent:
         return tests
     loaded = (f"{len(present)} past releases' checkpoints loaded" if present else "no past release's checkpoint "
