@@ -18,12 +18,11 @@ from rendering.drain_rules import PROTOTYPE, STOCK, bad_cases, decision_line, dr
 from rendering.evidence import evidence_commits
 from rendering.markdown import cell, code, no_results, table
 from rendering.patch_series import COMMAND as SERIES_COMMAND
-from rendering.patch_series import COST_COMMAND, COST_FILE
+from rendering.patch_series import COST_COMMAND, COST_FILE, OVER_REGULAR
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, Inputs, load_json
 from rendering.standing import link_in_rfc, stance
 from rendering.targets import verdict_of
 
-OVER_REGULAR = "dataloader_iter-over-regular"  # benchmarks.patch_cost's case beside stock's regular step
 JUDGED = (2, "20ms")  # S7's judged point: world size and step (benchmarks.targets)
 NOT_RUN = ("a GPU (the CUDA path of the transfer and TorchRec's streams)", "NCCL", "more than 8 ranks, or ranks on "
            "more than one machine", "FSDP, DeepSpeed and Megatron's own strategy")

@@ -143,14 +143,15 @@ COST_FILE = "patch-cost.json"  # written by `python -m benchmarks.patch_cost`
 # Further runs of the same command (`--out rfc/results/patch-cost-<what>.json`): another build of the same series, or
 # one series against another (`--stock-python` of a patched build); listed below the judged run, not judged
 OTHER_COST_RUNS = "patch-cost-*.json"
+OVER_REGULAR = "dataloader_iter-over-regular"  # benchmarks.patch_cost's case beside stock's regular step
 COST_COMMAND = ("python -m benchmarks.patch_cost --stock-python STOCK_PY [STOCK_PY ...] --patched-python PATCHED_PY"
                 " [PATCHED_PY ...]")
 _CASES = {
     "regular": "a regular `training_step(batch, batch_idx)`, patched over stock",
     "dataloader_iter": "`training_step(self, dataloader_iter)`, patched over today's flavour",
     "stock-over-stock": "today's flavour over itself (the method's own spread; a perfect method gives 1)",
-    "dataloader_iter-over-regular": ("`training_step(self, dataloader_iter)` patched, over stock's regular step (both"
-                                     " pass each batch through the transfer hooks)"),
+    OVER_REGULAR: ("`training_step(self, dataloader_iter)` patched, over stock's regular step (both"
+                   " pass each batch through the transfer hooks)"),
 }
 # the control where the pairs cycled over several builds of stock: each build over another one
 _CONTROL_ACROSS_BUILDS = ("today's flavour, one build of stock over another (the builds' and the method's spread; a"
