@@ -2,7 +2,8 @@
 """Render the RFC's generated parts from the committed JSON results in ``rfc/results/``.
 
     python rfc/render.py            # (re)write the generated pages, blocks and plots
-    python rfc/render.py --check    # exit 1, naming each stale file, if the committed pages are out of date
+    python rfc/render.py --check    # exit 1, naming each stale file, if the committed pages are out of date, or
+                                    # if a results file predates a change to the sources it measured
 
 What it writes:
 
@@ -48,6 +49,7 @@ for _path in (HERE.parent, HERE):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+from rendering.evidence import outdated_records  # noqa: E402
 from rendering.pages import BLOCKS, display_path, plan, stale, write  # noqa: E402
 from rendering.results import RenderError, load_inputs  # noqa: E402
 
@@ -89,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             for p in problems:
                 print(f"  {p}", file=sys.stderr)
             print(f"fix: run `{command}` and commit the result", file=sys.stderr)
+            return 1
+        outdated = outdated_records(results, rfc_dir.parent)
+        if outdated:
+            print("render --check: results older than the code they speak for:", file=sys.stderr)
+            for line in outdated:
+                print(f"  {line}", file=sys.stderr)
             return 1
         print(f"render --check: {len(the_plan.texts)} pages and plot descriptions, and {len(the_plan.plots)} plots "
               "up to date")

@@ -771,3 +771,43 @@ def test_a_verdict_goes_to_the_row_the_target_judged_not_to_every_world_size():
     tiny = dict(design="patched", world_size=2, step="tiny", overhead_vs_regular=1.2)
     assert row_verdicts(judged, "S7", targets) == "S7 met"
     assert row_verdicts(larger, "S7", targets) == "–" and row_verdicts(tiny, "S7", targets) == "–"
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True,
+                   capture_output=True, timeout=30)
+
+
+def test_check_fails_when_a_source_a_record_measured_changed_since_it_ran(rfc):
+    import harness_common
+
+    repo = rfc.parent  # the RFC directory in a repository of its own, with a design and a harness unit test
+    for path in ("prototypes/design.py", "benchmarks/test_harness_unit.py"):
+        (repo / path).parent.mkdir(exist_ok=True)
+        (repo / path).write_text("MEASURED = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "the measured code")
+    conf, bench = conformance(), benchmarks()
+    for data in (conf, bench):
+        data["setup"]["sources"] = harness_common.source_digests(repo)
+    write_results(rfc, conf, bench)
+    assert run(rfc).returncode == 0 and run(rfc, "--check").returncode == 0
+
+    (repo / "benchmarks/test_harness_unit.py").write_text("EDITED = 1  # a unit test of the harness measures nothing\n")
+    (repo / "page.md").write_text("prose changes no measurement\n")
+    assert run(rfc, "--check").returncode == 0
+
+    (repo / "prototypes/design.py").write_text("MEASURED = 2\n")
+    check = run(rfc, "--check")
+    assert check.returncode == 1 and "results older than the code they speak for" in check.stderr
+    assert "conformance.json: designs changed since it ran (commit feedfacefeed)" in check.stderr
+    assert f"{BENCHMARKS_FILE}: designs changed since it ran" in check.stderr
+    assert "re-run `pytest --benchmark-only`" in check.stderr
+
+    del conf["setup"]["sources"]  # a record made before the digests existed
+    (repo / "prototypes/design.py").write_text("MEASURED = 1\n")
+    write_results(rfc, conf, bench)
+    check = run(rfc, "--check")
+    assert check.returncode == 1 and "conformance.json: carries no source digest" in check.stderr
+    assert BENCHMARKS_FILE not in check.stderr
