@@ -634,6 +634,18 @@ def test_the_decisions_name_what_ships_and_the_standing_table_only_registered_de
     write_results(rfc, conformance(), bench)
     assert run(rfc).returncode == 0
     assert "ran at 2 commits (`beadcafebead`, `feedfacefeed`)" in (rfc / "first.md").read_text()
+    # a record that ran later with the same sources speaks for the same code; the first screen says so
+    conf = conformance()
+    for data in (conf, bench):
+        data["setup"]["sources"] = {"designs": "d1", "suite": "s1"}
+    write_results(rfc, conf, bench)
+    assert run(rfc).returncode == 0
+    assert ("every record in `rfc/results/` measured the code of commit `beadcafebead`. `conformance.json` ran at "
+            "`feedfacefeed`, where every measured source was the same.") in (rfc / "first.md").read_text()
+    bench["setup"]["sources"] = {"designs": "d2", "suite": "s1"}
+    write_results(rfc, conf, bench)
+    assert run(rfc).returncode == 0
+    assert "ran at 2 commits (`beadcafebead`, `feedfacefeed`)" in (rfc / "first.md").read_text()
 
 
 def test_design_page_blocks_restate_the_registry_the_docstring_and_the_results(rfc):

@@ -11,6 +11,7 @@ commits the records ran at, for the first screen.
 
 from __future__ import annotations
 
+from collections import Counter
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,15 @@ def outdated_records(results_dir: Path, root: Path) -> list[str]:
     return problems
 
 
-def evidence_commits(results_dir: Path) -> list[str]:
-    """The commits the committed records ran at, each once, in order of first appearance by file name."""
-    commits = [setup.get("git_commit", "unknown") for path in sorted(results_dir.glob("*.json"))
-               for setup in _setups(load_json(path))]
-    return list(dict.fromkeys(commits))
+def evidence_commits(results_dir: Path) -> list[tuple[str, bool, list[str]]]:
+    """The commits the committed records ran at, each once: the one most of them ran at first, then in order of first
+    appearance by file name. Each with whether all its records measured the very sources the first commit's did
+    (every group's digest equal, and recorded), and the files that ran at it."""
+    runs = [(setup.get("git_commit", "unknown"), tuple(sorted((setup.get("sources") or {}).items())), path.name)
+            for path in sorted(results_dir.glob("*.json")) for setup in _setups(load_json(path))]
+    counts = Counter(commit for commit, _, _ in runs)
+    commits = sorted(counts, key=lambda commit: -counts[commit])  # stable: ties keep their first appearance
+    sources = {commit: {digests for c, digests, _ in runs if c == commit} for commit in commits}
+    first = sources[commits[0]] if commits else set()
+    return [(commit, len(first) == 1 and () not in first and sources[commit] == first,
+             list(dict.fromkeys(name for c, _, name in runs if c == commit))) for commit in commits]

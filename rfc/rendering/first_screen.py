@@ -159,13 +159,19 @@ def block_decisions(inputs: Inputs, page_dir: Path) -> str:
 
 
 def evidence_line(inputs: Inputs) -> str:
-    """The commit every record ran at, or the commits where they differ."""
-    commits = [commit[:12] for commit in evidence_commits(inputs.results_dir)]
+    """The commit every record ran at; or, where some ran at other commits with the same sources, the commit most
+    ran at and the others with their files; or every commit where the sources differ."""
+    commits = evidence_commits(inputs.results_dir)
+    check = "CI checks that the code they measured has not changed since."
     if len(commits) == 1:
-        return (f"**Evidence:** every record in `rfc/results/` ran at commit `{commits[0]}`, and CI checks that "
-                "the code it measured has not changed since.")
+        return f"**Evidence:** every record in `rfc/results/` ran at commit `{commits[0][0][:12]}`; {check}"
+    if all(same for _, same, _ in commits):
+        others = "; ".join(f"{', '.join(code(name) for name in names)} ran at `{commit[:12]}`"
+                           for commit, _, names in commits[1:])
+        return (f"**Evidence:** every record in `rfc/results/` measured the code of commit `{commits[0][0][:12]}`. "
+                f"{others}, where every measured source was the same. {check}")
     return (f"**Evidence:** the records in `rfc/results/` ran at {len(commits)} commits "
-            f"({', '.join(f'`{commit}`' for commit in commits)}).")
+            f"({', '.join(f'`{commit[:12]}`' for commit, _, _ in commits)}).")
 
 
 def block_alternatives(inputs: Inputs, page_dir: Path) -> str:
