@@ -88,6 +88,7 @@ COLUMN_LABELS = {
     "weights_max_abs_diff": "max weight difference",
     "correct": "correct",
     "world_size": "ranks",
+    "step": "step",
     "backend": "backend",
     "t_call_us": "µs per step call",
     "t_regular_us": "stock regular µs per batch",
@@ -123,7 +124,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
                         "vs_fixed_depth", "rounds"],
                raw=["design", "point", "C_raw_ms", "t_ideal_raw_ms", "efficiency_raw_ideal", "vs_workers",
                     "vs_nodes_prefetch"]),
-    "S7": dict(lead=["design", "world_size", "t_call_us", "t_regular_us", "overhead_vs_regular", TARGETS_COLUMN],
+    "S7": dict(lead=["design", "world_size", "step", "t_call_us", "t_regular_us", "overhead_vs_regular",
+                     TARGETS_COLUMN],
                details=["design", "world_size", "backend", "timed_batches", "rounds"]),
     "S3-profile": dict(lead=["design", "function", "extra_us_per_batch", "us_per_batch", "stock_us_per_batch"],
                        details=[]),
@@ -356,13 +358,14 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
         if not rows:
             parts.append(f"No S7 step-call rows in {code('benchmarks-' + kind + '.json')}.")
             continue
-        body = [[_design_cell(r), str(r["world_size"]), fmt_number("t_call_us", r["t_call_us"]),
+        body = [[_design_cell(r), str(r["world_size"]), str(r.get("step", "tiny")),
+                 fmt_number("t_call_us", r["t_call_us"]),
                  fmt_number("t_regular_us", r["t_regular_us"]),
                  with_interval("overhead_vs_regular", r.get("overhead_vs_regular"),
                                r.get("overhead_vs_regular_interval")),
                  fmt_number("t_call_us", r["t_call_us"] - r["t_regular_us"])] for r in rows]
-        measured = table(["Design", "ranks", "µs per step call", "stock regular µs per batch", "ratio",
-                          "difference (µs)"], body, ["---", "--:", "--:", "--:", "--:", "--:"])
+        measured = table(["Design", "ranks", "step", "µs per step call", "stock regular µs per batch", "ratio",
+                          "difference (µs)"], body, ["---", "--:", "---", "--:", "--:", "--:", "--:"])
         parts.append(f"Measured ({code('benchmarks-' + kind + '.json')}, S7, gloo on this machine's cores):\n\n"
                      + measured)
     low, high = MODEL_HOP_LATENCY_US
@@ -370,21 +373,17 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
     model = [[str(world), str(int(math.log2(world))), f"{math.log2(world) * low:.0f} to {math.log2(world) * high:.0f}"]
              for world in MODEL_WORLDS]
     parts.append(
-        "The model for larger worlds on NCCL, per step call, against a batch of stock Lightning's regular flavour,"
-        " which meets its peers twice: rank 0's SIGTERM broadcast before the batch and the gradients' all-reduce. A"
-        " call whose backward all-reduces the gradients (no accumulation window skips the sync, automatic"
-        " optimisation, no communication hook of the user's on the DDP model) carries the vote in that all-reduce"
-        " and makes no collective of its own: stock's broadcast is saved, and the first bucket (at most DDP's 1 MiB"
-        " first-bucket cap unless one parameter is larger) is copied once to append six flags. Any other call votes"
-        " in an all-reduce of its own where stock broadcasts. Assumed: NCCL reduces a message this small with a tree,"
-        " so a collective costs the per-hop latency times its passes over the tree's depth (log2 of the ranks; one"
-        " pass for a broadcast, two for an all-reduce); six more elements in a bucket, and a few flags against one,"
-        f" add nothing measurable; a small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
-        " NVLink, or per switch hop over InfiniBand). So, in passes over the tree (below, in µs): a call carrying the"
-        " vote saves one (stock's broadcast); a call voting on its own puts one more on the wire, while its optimizer"
-        " step runs (the vote starts as the backward ends and is read after the optimizer step); each epoch adds one"
-        " (the vote before its first call, which no backward precedes, where stock broadcasts), and two more where"
-        " the loop drains (the vote after the drain call that found nothing). The gloo points above, with more"
+        "The model for larger worlds on NCCL, per step call, against a batch of stock Lightning's regular flavour."
+        " Stock's batch meets its peers twice: rank 0's SIGTERM broadcast before the batch, and the gradients'"
+        " all-reduce. The stack's call also meets them twice: the gradients' all-reduce, and the vote, an all-reduce"
+        " in place of the broadcast. Each epoch adds one vote, before its first call. Assumed: NCCL reduces a"
+        " message this small with a tree. A collective then costs the per-hop latency times its passes over the"
+        " tree's depth (log2 of the ranks): one pass for a broadcast, two for an all-reduce. A few flags against one"
+        f" add nothing measurable. A small message's per-hop latency is {low:.0f} to {high:.0f} µs (in a node over"
+        " NVLink, or per switch hop over InfiniBand). So the vote puts one more pass on the wire per call than stock"
+        " (below, in µs). The model leaves out what S7 measures beside it: an all-reduce waits for the slowest rank,"
+        " where the broadcast's root does not. The `prefetcher` prototype carries the vote in the gradients'"
+        " all-reduce instead, through DDP's private state, and saves the broadcast. The gloo points above, with more"
         " processes than cores beyond 2 ranks, show the form, not NCCL's magnitude.\n\n"
         + table(["ranks", "tree depth", "one pass (µs)"], model, ["--:", "--:", "--:"]))
     return "\n\n".join(parts)
