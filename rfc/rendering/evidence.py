@@ -11,7 +11,6 @@ commits the records ran at, for the first screen.
 
 from __future__ import annotations
 
-from collections import Counter
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from rendering.drain_rules import COMMAND as DRAIN_COMMAND
 from rendering.lightning_tests import COMMAND as LIGHTNING_TESTS_COMMAND
 from rendering.lightning_tests import COVERAGE_COMMAND, STACK_TESTS_COMMAND
 from rendering.patch_series import COMMAND as SERIES_COMMAND
-from rendering.patch_series import COST_COMMAND
+from rendering.patch_series import COST_COMMAND, MASTER_COMMAND, PREFIXES_COMMAND
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, load_json
 
 _SUITE_RUN = ("designs", "patch", "suite", "harness")  # the suite runs the designs, the patched one included
@@ -40,9 +39,8 @@ RECORDS: list[tuple[str, tuple[str, ...], str]] = [
     ("benchmarks-*.json", ("designs", "patch", "benchmarks", "harness"), BENCHMARK_COMMAND),
     ("patch-cost*.json", ("patch", "benchmarks", "harness"), COST_COMMAND),
     ("patch-series.json", ("patch",), SERIES_COMMAND),
-    ("patch-prefixes-master.json", ("patch",), "python -m patch.prefixes --repository LIGHTNING_GIT --commit MASTER"
-     " --json rfc/results/patch-prefixes-master.json"),
-    ("patch-prefixes.json", ("patch",), "python -m patch.prefixes --json rfc/results/patch-prefixes.json"),
+    ("patch-prefixes-master.json", ("patch",), MASTER_COMMAND),
+    ("patch-prefixes.json", ("patch",), PREFIXES_COMMAND),
     ("patch-coverage.json", ("patch",), COVERAGE_COMMAND),
     ("lightning-stack-tests.json", ("patch",), STACK_TESTS_COMMAND),
     ("lightning-tests.json", ("patch",), LIGHTNING_TESTS_COMMAND),
@@ -91,11 +89,14 @@ def evidence_commits(results_dir: Path) -> list[tuple[str, bool, list[str]]]:
     """The commits the committed records ran at, each once: the one most of them ran at first, then in order of first
     appearance by file name. Each with whether all its records measured the very sources the first commit's did
     (every group's digest equal, and recorded), and the files that ran at it."""
-    runs = [(setup.get("git_commit", "unknown"), tuple(sorted((setup.get("sources") or {}).items())), path.name)
-            for path in sorted(results_dir.glob("*.json")) for setup in _setups(load_json(path))]
-    counts = Counter(commit for commit, _, _ in runs)
-    commits = sorted(counts, key=lambda commit: -counts[commit])  # stable: ties keep their first appearance
-    sources = {commit: {digests for c, digests, _ in runs if c == commit} for commit in commits}
+    runs: dict[str, list[tuple[tuple[tuple[str, str], ...], str]]] = {}  # commit -> (digests, file) per setup
+    for path in sorted(results_dir.glob("*.json")):
+        for setup in _setups(load_json(path)):
+            digests = tuple(sorted((setup.get("sources") or {}).items()))
+            runs.setdefault(setup.get("git_commit", "unknown"), []).append((digests, path.name))
+    commits = sorted(runs, key=lambda commit: -len(runs[commit]))  # stable: ties keep their first appearance
+    sources = {commit: {digests for digests, _ in runs[commit]} for commit in commits}
     first = sources[commits[0]] if commits else set()
-    return [(commit, len(first) == 1 and () not in first and sources[commit] == first,
-             list(dict.fromkeys(name for c, _, name in runs if c == commit))) for commit in commits]
+    the_same = len(first) == 1 and () not in first  # the first commit's records measured one set of recorded sources
+    return [(commit, the_same and sources[commit] == first, list(dict.fromkeys(name for _, name in runs[commit])))
+            for commit in commits]
