@@ -5,11 +5,12 @@ installed ``pytorch_lightning``, so it lives in an environment of its own (``pyt
 pair needs two interpreters: here each run is a child process of its environment's Python, and the two take turns
 batch by batch on one core through pipes, with the same turn rule as S3 (``lockstep.Turns``). Each pair gives one
 ratio, patched over stock, for the same S3 run (tiny model, L = 0, batch size 1) in both flavours; stock paired with
-itself measures the method's own spread. A fourth case, shown and not judged, pairs the patched flavour with stock's
-regular step: the look-ahead passes each batch through the transfer hooks as the regular step does (clause C4), and
-today's flavour does not, so this case tells the hooks' share of the flavour's cost from the fetcher's. Each flavour's
-median ratio carries its 95 % interval and a verdict against the patch's targets: a regular module at most 1.01 of
-stock, the flavour at most 1.01 of today's flavour.
+itself measures the method's own spread. Two more cases, shown and not judged, split the flavour's cost: the look-ahead
+passes each batch through the transfer hooks as the regular step does (clause C4), and today's flavour does not. One
+pairs the patched flavour with stock's regular step, which pays the same hooks; the other pairs today's flavour with
+the patched flavour whose transfer is left out (``_leave_out_transfer``), which is the look-ahead's own work. Each
+flavour's median ratio carries its 95 % interval and a verdict against the patch's targets: a regular module at most
+1.01 of stock, the flavour at most 1.01 of today's flavour.
 
 Why several builds of each environment (``--stock-python`` and ``--patched-python`` take several interpreters): two
 builds of the same code, installed in environments of their own, differ in a lockstep pair by about as much as the
@@ -41,6 +42,8 @@ FLAVOURS = ("regular", "dataloader_iter")
 THRESHOLDS = {"regular": 1.01, "dataloader_iter": 1.01}
 SAME_ENVIRONMENT = "stock-over-stock"  # stock's flavour paired with itself: the lockstep's own spread
 OVER_REGULAR = "dataloader_iter-over-regular"  # the patched flavour paired with stock's regular step
+WITHOUT_TRANSFER = "dataloader_iter-without-transfer"  # the patched flavour, its transfer left out, over today's
+CHILD_FLAVOURS = (*FLAVOURS, WITHOUT_TRANSFER)
 
 
 class _PipeSemaphore:
@@ -90,6 +93,16 @@ class _PipeBarrier:
         os.close(self.write_fd)
 
 
+def _leave_out_transfer() -> None:
+    """Makes the patched loop hand each batch on untransferred: no precision conversion, no transfer hooks. For the
+    control case only; a build of stock, which has no such transfer, is refused."""
+    from pytorch_lightning.loops import training_epoch_loop
+
+    if not hasattr(training_epoch_loop, "_transfer_batch"):
+        raise SystemExit(f"{sys.executable} runs stock pytorch_lightning: the {WITHOUT_TRANSFER} case needs the patch")
+    training_epoch_loop._transfer_batch = lambda trainer, batch, dataloader_idx: batch
+
+
 def _child(args: argparse.Namespace) -> None:
     """One run of S3's workload in this interpreter's Lightning, taking turns through the inherited pipes; prints its
     mean period (seconds per batch) as JSON."""
@@ -112,10 +125,12 @@ def _child(args: argparse.Namespace) -> None:
             turns.received(probe, now)
 
         measuring.receipt_hook = logged
+    if args.flavour == WITHOUT_TRANSFER:
+        _leave_out_transfer()
     try:
         probe = measuring.Probe()
         dataset = workloads.TimedDataset(args.batches, 0.0, probe, 1, FEATURES)
-        step = workloads.IterStep if args.flavour == "dataloader_iter" else workloads.RegularStep
+        step = workloads.RegularStep if args.flavour == "regular" else workloads.IterStep
         module = step(probe, FEATURES, workloads.Burner(), 0)
         with tempfile.TemporaryDirectory() as root:
             workloads.fit(workloads.make_trainer(None, Path(root)), module, workloads.loader(dataset))
@@ -176,13 +191,15 @@ def measure(stocks: list[str], patcheds: list[str], pairs: int, batches: int, sk
     in a row with the first turn swapped; stock's control pairs each stock build with the next one (with itself
     where there is one)."""
     combinations = [(stock, patched) for patched in patcheds for stock in stocks]
-    ratios: dict[str, list[float]] = {case: [] for case in (*FLAVOURS, SAME_ENVIRONMENT, OVER_REGULAR)}
+    ratios: dict[str, list[float]] = {case: [] for case in (*FLAVOURS, SAME_ENVIRONMENT, OVER_REGULAR,
+                                                           WITHOUT_TRANSFER)}
     for r in range(pairs):
         stock, patched = combinations[(r // 2) % len(combinations)]
         other_stock = stocks[(stocks.index(stock) + 1) % len(stocks)]
         cases = {flavour: (stock, patched, (flavour, flavour)) for flavour in FLAVOURS}
         cases[SAME_ENVIRONMENT] = (stock, other_stock, ("dataloader_iter", "dataloader_iter"))
         cases[OVER_REGULAR] = (stock, patched, ("regular", "dataloader_iter"))
+        cases[WITHOUT_TRANSFER] = (stock, patched, ("dataloader_iter", WITHOUT_TRANSFER))
         for case, (reference, measured, (reference_flavour, measured_flavour)) in cases.items():
             if r % 2 == 0:
                 reference_s, measured_s = pair(reference, measured, (reference_flavour, measured_flavour), batches,
@@ -252,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("rfc/results/patch-cost.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--flavour", choices=FLAVOURS, help=argparse.SUPPRESS)
+    parser.add_argument("--flavour", choices=CHILD_FLAVOURS, help=argparse.SUPPRESS)
     parser.add_argument("--fds", type=int, nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--receipts", help=argparse.SUPPRESS)

@@ -398,14 +398,27 @@ def test_the_patch_cost_pairs_cycle_over_every_build_in_both_orders(monkeypatch)
     assert regular == [("s1", "p1"), ("p1", "s1"), ("s2", "p1"), ("p1", "s2"),
                        ("s1", "p2"), ("p2", "s1"), ("s2", "p2"), ("p2", "s2")]
     # stock's control pairs two builds of stock, never a build with itself
-    controls = [(first, second) for first, second, _ in made[2::4]]
+    controls = [(first, second) for first, second, _ in made[2::5]]
     assert len(controls) == 8 and all(first != second and {first, second} == {"s1", "s2"} for first, second in controls)
     # the patched flavour beside stock's regular step, in the same pairs of builds: each run keeps its own flavour
     # whichever takes the first turn
-    beside_regular = made[3::4]
+    beside_regular = made[3::5]
     assert [(first, second) for first, second, _ in beside_regular] == regular
     assert all(flavours == (("regular", "dataloader_iter") if first.startswith("s") else ("dataloader_iter", "regular"))
                for first, _, flavours in beside_regular)
+    # the look-ahead without the transfer, beside today's flavour: the transfer left out on the patched side only
+    without_transfer = made[4::5]
+    assert [(first, second) for first, second, _ in without_transfer] == regular
+    leave_out = patch_cost.WITHOUT_TRANSFER
+    assert all(flavours == (("dataloader_iter", leave_out) if first.startswith("s") else (leave_out, "dataloader_iter"))
+               for first, _, flavours in without_transfer)
+
+
+@pytest.mark.timeout(300)
+def test_the_case_without_the_transfer_refuses_a_build_of_stock() -> None:
+    # this environment runs stock Lightning, whose loop has no transfer to leave out: the run says so and fails
+    with pytest.raises(RuntimeError, match=f"the {patch_cost.WITHOUT_TRANSFER} case needs the patch"):
+        patch_cost.pair(sys.executable, sys.executable, ("dataloader_iter", patch_cost.WITHOUT_TRANSFER), 12, 3)
 
 
 def test_the_patch_cost_refuses_builds_of_one_environment_that_run_different_things(monkeypatch, capsys) -> None:

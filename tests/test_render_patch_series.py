@@ -82,8 +82,12 @@ def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
         dict(case="dataloader_iter", flavour="dataloader_iter", pairs=24, ratio=1.05, interval=[1.02, 1.07],
              threshold=1.03, verdict="inconclusive"),
         dict(case="stock-over-stock", flavour="dataloader_iter", pairs=24, ratio=1.0, interval=[0.99, 1.01]),
+        dict(case=patch_series.WITHOUT_TRANSFER, flavour="dataloader_iter", pairs=24, ratio=1.02,
+             interval=[1.01, 1.03]),
     ])
     block = patch_series.block_patch_cost(inputs, tmp_path)
+    assert ("patched with its transfer left out, over today's flavour (the look-ahead's own work, which neither"
+            " transfers) | 24 | 1.020 [1.010, 1.030] | – |") in block
     assert "| a regular `training_step(batch, batch_idx)`, patched over stock | 24 | 1.004 [0.998, 1.009] | ≤ 1.01: " \
            "**met** |" in block
     assert "| 1.050 [1.020, 1.070] | ≤ 1.03: **inconclusive** |" in block
@@ -201,3 +205,23 @@ def test_the_migration_block_gives_each_change_its_adaptation_and_tests(tmp_path
     block = patch_series.block_patch_migration(inputs, tmp_path)
     assert ("| counts \\| calls | counts batches | nothing | 1, 5 | `loops/test_a.py::test_one`<br>"
             "`loops/test_b.py::test_two` |") in block
+
+
+def test_the_first_screen_names_each_cost_case_and_judges_only_the_targets(tmp_path):
+    from rendering.first_screen import costs_line
+
+    inputs = _cost(tmp_path, [
+        dict(case="dataloader_iter", flavour="dataloader_iter", pairs=24, ratio=1.062, interval=[1.053, 1.076],
+             threshold=1.01, verdict="missed"),
+        dict(case="stock-over-stock", flavour="dataloader_iter", pairs=24, ratio=1.0, interval=[0.99, 1.01]),
+        dict(case=patch_series.OVER_REGULAR, flavour="dataloader_iter", pairs=24, ratio=0.956,
+             interval=[0.95, 0.961]),
+        dict(case=patch_series.WITHOUT_TRANSFER, flavour="dataloader_iter", pairs=24, ratio=1.024,
+             interval=[1.018, 1.03]),
+    ])
+    line = costs_line(inputs)
+    assert "a dataloader_iter module's batch 1.062 [1.053, 1.076] of stock's (target ≤ 1.01: missed)" in line
+    assert "that batch 0.956 [0.950, 0.961] of stock's regular batch (shown, not judged" in line
+    assert ("the flavour's batch with its transfer left out 1.024 [1.018, 1.030] of today's flavour (shown, not"
+            " judged: the look-ahead's own work)") in line
+    assert "1.000" not in line  # the method's control is for the cost block, not the first screen

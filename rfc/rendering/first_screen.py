@@ -18,7 +18,7 @@ from rendering.drain_rules import PROTOTYPE, STOCK, bad_cases, decision_line, dr
 from rendering.evidence import evidence_commits
 from rendering.markdown import cell, code, no_results, table
 from rendering.patch_series import COMMAND as SERIES_COMMAND
-from rendering.patch_series import COST_COMMAND, COST_FILE, OVER_REGULAR
+from rendering.patch_series import COST_COMMAND, COST_FILE, OVER_REGULAR, WITHOUT_TRANSFER
 from rendering.results import BENCHMARK_COMMAND, CONFORMANCE_COMMAND, Inputs, load_json
 from rendering.standing import link_in_rfc, stance
 from rendering.targets import verdict_of
@@ -92,6 +92,10 @@ def costs_line(inputs: Inputs, glossary: str = "glossary.md") -> str:
                 parts.append(f"that batch {_interval(row['ratio'], row['interval'])} of stock's regular batch "
                              "(shown, not judged: both pass it through the transfer hooks, which today's flavour "
                              "skips)")
+            elif row["case"] == WITHOUT_TRANSFER:
+                parts.append("the flavour's batch with its transfer left out "
+                             f"{_interval(row['ratio'], row['interval'])} of today's flavour (shown, not judged: the"
+                             " look-ahead's own work)")
     else:
         parts.append(no_results("patch cost results", COST_COMMAND))
     found = s7_rows(inputs)

@@ -144,6 +144,7 @@ COST_FILE = "patch-cost.json"  # written by `python -m benchmarks.patch_cost`
 # one series against another (`--stock-python` of a patched build); listed below the judged run, not judged
 OTHER_COST_RUNS = "patch-cost-*.json"
 OVER_REGULAR = "dataloader_iter-over-regular"  # benchmarks.patch_cost's case beside stock's regular step
+WITHOUT_TRANSFER = "dataloader_iter-without-transfer"  # benchmarks.patch_cost's look-ahead without the transfer
 COST_COMMAND = ("python -m benchmarks.patch_cost --stock-python STOCK_PY [STOCK_PY ...] --patched-python PATCHED_PY"
                 " [PATCHED_PY ...]")
 _CASES = {
@@ -152,6 +153,8 @@ _CASES = {
     "stock-over-stock": "today's flavour over itself (the method's own spread; a perfect method gives 1)",
     OVER_REGULAR: ("`training_step(self, dataloader_iter)` patched, over stock's regular step (both"
                    " pass each batch through the transfer hooks)"),
+    WITHOUT_TRANSFER: ("`training_step(self, dataloader_iter)` patched with its transfer left out, over today's"
+                       " flavour (the look-ahead's own work, which neither transfers)"),
 }
 # the control where the pairs cycled over several builds of stock: each build over another one
 _CONTROL_ACROSS_BUILDS = ("today's flavour, one build of stock over another (the builds' and the method's spread; a"
