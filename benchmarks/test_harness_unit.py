@@ -430,3 +430,19 @@ def test_the_patch_cost_refuses_builds_of_one_environment_that_run_different_thi
         patch_cost.main(["--stock-python", "s1", "--patched-python", "p1", "p2", "--out", "unused.json"])
     error = " ".join(capsys.readouterr().err.split())
     assert "p2 runs" in error and "the builds of an environment must run the same" in error
+
+
+# ------------------------------------------------------------------------------------------------- S7's control
+def test_the_s7_control_sends_the_vote_alone_as_a_broadcast(monkeypatch) -> None:
+    from benchmarks import test_s7_ddp_vote
+
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, **kwargs: sent.append(("all_reduce",
+                                                                                                 tensor.numel())))
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src, **kwargs: sent.append(("broadcast", src)))
+    test_s7_ddp_vote.vote_as_broadcast()
+    maximum = torch.distributed.ReduceOp.MAX
+    torch.distributed.all_reduce(torch.zeros(3, dtype=torch.int), op=maximum)  # the patched loop's vote
+    torch.distributed.all_reduce(torch.zeros(3))  # a sum of floats, as a metric's sync
+    torch.distributed.all_reduce(torch.zeros(1, dtype=torch.int), op=maximum)
+    assert sent == [("broadcast", 0), ("all_reduce", 3), ("all_reduce", 1)]

@@ -14,6 +14,10 @@ over stock's time per batch) gives the median and its 95 % interval; the S7 targ
 worlds run the recommended design only, in its own environment (``BENCHMARKS_RESULTS`` names its results file):
 with more processes than cores each rank waits for the scheduler as much as for its peers, so they show the trend,
 not the cost a cluster would see.
+
+A control, shown and not judged, splits the recommended design's cost at 2 ranks: the same build, its vote sent as
+stock's broadcast from rank 0 (``vote_as_broadcast``). A broadcast cannot carry the other ranks' flags, so nothing
+ships this way; what it leaves is the call's cost without the all-reduce's wait for every rank.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ pytestmark = [
 
 WORLD_SIZES = (2, 4, 8)
 STOCK_REGULAR = "stock regular"
+VOTE_AS_BROADCAST = "vote as a broadcast"  # the control: the recommended design's vote sent as stock's broadcast
 SKIP = 10  # calls before each fit's timed window
 PG_TIMEOUT_S = 120  # a collective blocked this long raises on its rank (eight ranks share two cores)
 
@@ -115,12 +120,27 @@ class IterTinyStep(TinyStep):
 def _entries(world: int) -> dict[str, Callable[..., pl.Trainer]]:
     """What a world size runs: stock's regular flavour, then each design's shipped flavour. In the patched
     environment only the recommended design runs, at every world size (a prototype there would run on a changed
-    Lightning); elsewhere the runnable designs run at 2 ranks."""
+    Lightning), and at 2 ranks its control; elsewhere the runnable designs run at 2 ranks."""
     if installed_series() is not None:
-        designs = [DESIGNS[RECOMMENDED]]
-    else:
-        designs = list(runnable_designs().values()) if world == 2 else []
+        recommended = DESIGNS[RECOMMENDED]
+        control = {VOTE_AS_BROADCAST: recommended.trainer} if world == 2 else {}
+        return {STOCK_REGULAR: pl.Trainer, recommended.id: recommended.trainer, **control}
+    designs = list(runnable_designs().values()) if world == 2 else []
     return {STOCK_REGULAR: pl.Trainer, **{design.id: design.trainer for design in designs}}
+
+
+def vote_as_broadcast() -> None:
+    """In this process, sends the patched loop's vote (three int flags, reduced by MAX) as stock's broadcast from
+    rank 0 instead: every other collective is left alone. For the control only."""
+    all_reduce = torch.distributed.all_reduce
+
+    def vote_or_all_reduce(tensor: torch.Tensor, op: Any = torch.distributed.ReduceOp.SUM, group: Any = None,
+                           async_op: bool = False) -> Any:
+        if tensor.dtype == torch.int and tensor.numel() == 3 and op == torch.distributed.ReduceOp.MAX:
+            return torch.distributed.broadcast(tensor, src=0, group=group, async_op=async_op)
+        return all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    torch.distributed.all_reduce = vote_or_all_reduce
 
 
 def _rank(entry: str, rank: int, world: int, port: int, batches: int, turns: tuple, finished: Any, writer: Any,
@@ -140,6 +160,8 @@ def _rank(entry: str, rank: int, world: int, port: int, batches: int, turns: tup
         strategy = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         trainer = _entries(world)[entry](**{**QUIET, "devices": world, "strategy": strategy, "default_root_dir": out})
         module = (RegularTinyStep if entry == STOCK_REGULAR else IterTinyStep)(mine, work)
+        if entry == VOTE_AS_BROADCAST:
+            vote_as_broadcast()  # a forked rank: the parent's torch is left alone
         with workloads.quiet():
             trainer.fit(module, train_dataloaders=data)
         if not mine.periods:
@@ -245,9 +267,10 @@ def test_s7_step_call_under_ddp(benchmark, bench, tmp_path: Path, world: int, st
     every_stock = [s for per_round in stock.values() for s in per_round]
     measuring.report(benchmark, measuring.Measurement(every_stock, [measuring.Probe() for _ in every_stock]))
     for entry, per_round in calls.items():
-        design = _design(entry)
         ratio = intervals.summary([call / batch for call, batch in zip(per_round, stock[entry], strict=True)])
-        row = dict(**entries.design_fields(design), flavour="dataloader_iter", world_size=world, step=step,
+        fields = (entries.design_fields(_design(entry)) if entry != VOTE_AS_BROADCAST else
+                  dict(design=DESIGNS[RECOMMENDED].id, role="control", configuration=VOTE_AS_BROADCAST))
+        row = dict(**fields, flavour="dataloader_iter", world_size=world, step=step,
                    backend="gloo",
                    t_call_us=measuring.rounded(statistics.median(per_round) * 1e6, 1),
                    t_regular_us=measuring.rounded(statistics.median(stock[entry]) * 1e6, 1),

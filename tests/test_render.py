@@ -783,6 +783,27 @@ def test_a_verdict_goes_to_the_row_the_target_judged_not_to_every_world_size():
     tiny = dict(design="patched", world_size=2, step="tiny", overhead_vs_regular=1.2)
     assert row_verdicts(judged, "S7", targets) == "S7 met"
     assert row_verdicts(larger, "S7", targets) == "–" and row_verdicts(tiny, "S7", targets) == "–"
+    control = dict(judged, role="control", configuration="vote as a broadcast")  # the same figure, by chance
+    assert row_verdicts(control, "S7", targets) == "–"
+
+
+def test_the_s7_block_shows_a_control_beside_the_judged_row_without_a_verdict(tmp_path):
+    from rendering.first_screen import block_s7, costs_line
+    from rendering.results import Inputs
+
+    row = dict(design="patched", role="design", configuration="ships", world_size=2, step="20ms", t_call_us=30000.0,
+               t_regular_us=29400.0, overhead_vs_regular=1.02, overhead_vs_regular_interval=[1.012, 1.028])
+    control = dict(row, role="control", configuration="vote as a broadcast", overhead_vs_regular=1.001,
+                   overhead_vs_regular_interval=[0.991, 1.007])
+    targets = {"S7": {"results": [dict(design="patched", value=1.02, interval=[1.012, 1.028], verdict="missed")]}}
+    inputs = Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render",
+                    benchmarks={"x86-patched": {"scenarios": {"S7": [control, row]}, "targets": targets}})
+    block = block_s7(inputs, tmp_path)
+    lines = [line for line in block.splitlines() if line.startswith("| 2 ")]
+    assert lines[0].startswith("| 2 | 20ms | 30.00 | 29.40 | 1.020 [1.012, 1.028] | ≤ 1.01: **missed** |")
+    assert lines[1].startswith("| 2 | 20ms (vote as a broadcast, a control) | 30.00 | 29.40 | 1.001 [0.991, 1.007] |"
+                               " shown, not judged |")
+    assert "1.001" not in costs_line(inputs)  # the first screen states what ships
 
 
 def _git(root: Path, *args: str) -> None:

@@ -66,7 +66,8 @@ def _interval(value: Any, interval: Any) -> str:
 
 
 def s7_rows(inputs: Inputs, design: str = RECOMMENDED) -> list[tuple[str, dict[str, Any], str | None]]:
-    """``design``'s S7 rows over every benchmark file: (file kind, row, the judged verdict or None)."""
+    """``design``'s S7 rows over every benchmark file, its controls included: (file kind, row, the judged verdict or
+    None)."""
     found = []
     for kind, data in inputs.benchmarks.items():
         judged = [r for r in ((data.get("targets") or {}).get("S7") or {}).get("results") or []
@@ -75,7 +76,7 @@ def s7_rows(inputs: Inputs, design: str = RECOMMENDED) -> list[tuple[str, dict[s
             if str(row.get("design", "")).split("[")[0] != design:
                 continue
             point = (row.get("world_size"), row.get("step"))
-            verdict = verdict_of(judged[0]) if judged and point == JUDGED else None
+            verdict = verdict_of(judged[0]) if judged and point == JUDGED and row.get("role") == "design" else None
             found.append((kind, row, verdict))
     return found
 
@@ -100,7 +101,7 @@ def costs_line(inputs: Inputs, glossary: str = "glossary.md") -> str:
         parts.append(no_results("patch cost results", COST_COMMAND))
     found = s7_rows(inputs)
     for _, row, verdict in sorted(found, key=lambda r: (r[1]["world_size"], r[1]["step"] != "20ms")):
-        if row.get("world_size") != JUDGED[0]:
+        if row.get("world_size") != JUDGED[0] or row.get("role") != "design":
             continue
         judged = f" (target ≤ 1.01: {verdict})" if verdict else " (shown, not judged)"
         parts.append(f"under DDP on 2 ranks, a [step call]({glossary}#step-call) of the {row['step']} step "
@@ -220,10 +221,12 @@ def block_s7(inputs: Inputs, page_dir: Path) -> str:
     if not found:
         return no_results(f"S7 results of {code(RECOMMENDED)}", BENCHMARK_COMMAND + " in the patched environment")
     rows = []
-    for kind, row, verdict in sorted(found, key=lambda r: (r[1]["world_size"], r[1]["step"] != "tiny")):
+    for kind, row, verdict in sorted(found, key=lambda r: (r[1]["world_size"], r[1].get("role") != "design",
+                                                           r[1]["step"] != "tiny")):
         shown = _interval(row["overhead_vs_regular"], row["overhead_vs_regular_interval"])
         judged = f"≤ 1.01: **{verdict}**" if verdict else "shown, not judged"
-        rows.append([str(row["world_size"]), row["step"], f"{row['t_call_us'] / 1000:.2f}",
+        control = f" ({row['configuration']}, a control)" if row.get("role") != "design" else ""
+        rows.append([str(row["world_size"]), row["step"] + control, f"{row['t_call_us'] / 1000:.2f}",
                      f"{row['t_regular_us'] / 1000:.2f}", shown, judged, f"`benchmarks-{kind}.json`"])
     return table(["ranks", "step", "ms per call", "stock ms per batch", "ratio [95 % interval]", "target", "file"],
                  rows)

@@ -124,7 +124,10 @@ def targets_table(targets: Any) -> str:
 
 def row_verdicts(row: dict[str, Any], scenario: str, targets: dict[str, Any]) -> str:
     """The targets this row is judged by, each met or missed ("–": none applies). A row of a scenario measured at
-    several world sizes or steps carries a verdict only where the target judged that row."""
+    several world sizes or steps carries a verdict only where the target judged that row; a baseline, an alternative
+    or a control never does."""
+    if row.get("role", "design") != "design":
+        return "–"
     out = []
     for name, spec in (targets or {}).items():
         if name.split("-")[0] != scenario:
