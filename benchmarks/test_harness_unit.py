@@ -442,7 +442,7 @@ def test_the_s7_control_sends_the_vote_alone_as_a_broadcast(monkeypatch) -> None
     monkeypatch.setattr(torch.distributed, "broadcast", lambda tensor, src, **kwargs: sent.append(("broadcast", src)))
     test_s7_ddp_vote.vote_as_broadcast()
     maximum = torch.distributed.ReduceOp.MAX
-    torch.distributed.all_reduce(torch.zeros(3, dtype=torch.int), op=maximum)  # the patched loop's vote
-    torch.distributed.all_reduce(torch.zeros(3))  # a sum of floats, as a metric's sync
-    torch.distributed.all_reduce(torch.zeros(1, dtype=torch.int), op=maximum)
-    assert sent == [("broadcast", 0), ("all_reduce", 3), ("all_reduce", 1)]
+    torch.distributed.all_reduce(torch.zeros(1, dtype=torch.int), op=maximum)  # the patched loop's vote
+    torch.distributed.all_reduce(torch.zeros(1))  # a sum of floats, as a metric's sync
+    torch.distributed.all_reduce(torch.zeros(3, dtype=torch.int), op=maximum)
+    assert sent == [("broadcast", 0), ("all_reduce", 1), ("all_reduce", 3)]

@@ -15,9 +15,10 @@ worlds run the recommended design only, in its own environment (``BENCHMARKS_RES
 with more processes than cores each rank waits for the scheduler as much as for its peers, so they show the trend,
 not the cost a cluster would see.
 
-A control, shown and not judged, splits the recommended design's cost at 2 ranks: the same build, its vote sent as
-stock's broadcast from rank 0 (``vote_as_broadcast``). A broadcast cannot carry the other ranks' flags, so nothing
-ships this way; what it leaves is the call's cost without the all-reduce's wait for every rank.
+A control, shown and not judged, splits the recommended design's cost at 2 ranks: the same build, its vote (one int,
+as the broadcast sends) sent as stock's broadcast from rank 0 (``vote_as_broadcast``). A broadcast cannot carry the
+other ranks' states, so nothing ships this way; what it leaves is the call's cost without the all-reduce's wait for
+every rank.
 """
 
 from __future__ import annotations
@@ -130,13 +131,13 @@ def _entries(world: int) -> dict[str, Callable[..., pl.Trainer]]:
 
 
 def vote_as_broadcast() -> None:
-    """In this process, sends the patched loop's vote (three int flags, reduced by MAX) as stock's broadcast from
+    """In this process, sends the patched loop's vote (one int, reduced by MAX) as stock's broadcast from
     rank 0 instead: every other collective is left alone. For the control only."""
     all_reduce = torch.distributed.all_reduce
 
     def vote_or_all_reduce(tensor: torch.Tensor, op: Any = torch.distributed.ReduceOp.SUM, group: Any = None,
                            async_op: bool = False) -> Any:
-        if tensor.dtype == torch.int and tensor.numel() == 3 and op == torch.distributed.ReduceOp.MAX:
+        if tensor.dtype == torch.int and tensor.numel() == 1 and op == torch.distributed.ReduceOp.MAX:
             return torch.distributed.broadcast(tensor, src=0, group=group, async_op=async_op)
         return all_reduce(tensor, op=op, group=group, async_op=async_op)
 

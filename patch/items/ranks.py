@@ -27,10 +27,11 @@ def _vote(source: LightningSource) -> None:
         "_TrainingEpochLoop._look_for_end_of_data",
         """
         if torch.distributed.is_available() and torch.distributed.is_initialized() and self.trainer.world_size > 1:
-            flags = [self.trainer.received_sigterm, ended, last_call]
-            flags = torch.tensor(flags, dtype=torch.int, device=self.trainer.strategy.root_device)
+            # the furthest state of any rank: 1 the next call may take the last batch, 2 the data ended, 3 SIGTERM
+            state = 3 if self.trainer.received_sigterm else 2 if ended else int(last_call)
+            votes = torch.tensor([state], dtype=torch.int, device=self.trainer.strategy.root_device)
             try:
-                torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+                torch.distributed.all_reduce(votes, op=torch.distributed.ReduceOp.MAX)
             except RuntimeError as error:
                 raise RuntimeError(
                     f"rank {self.trainer.global_rank} waited in vain for the other ranks after a call of"
@@ -38,18 +39,18 @@ def _vote(source: LightningSource) -> None:
                     " stage does when another stage ran out of batches. Start a call only where"
                     " `dataloader_iter.has_batches(n)` says its `n` batches remain."
                 ) from error
-            sigterm, ended_on_any_rank, last_call = flags.tolist()
-            if sigterm:
+            furthest = votes.item()
+            if furthest == 3:
                 with contextlib.suppress(Exception):
                     torch.distributed.barrier()  # prevent deadlocks by syncing all ranks before exit
                 raise SIGTERMException()
-            if ended_on_any_rank and not ended:
+            if furthest == 2 and not ended:
                 warnings.warn(
                     f"rank {self.trainer.global_rank}: the data of another rank ended, so the batches left on this rank"
                     " are not trained. Give every rank the same number of step calls.",
                     category=PossibleUserWarning,
                 )
-            ended = ended_on_any_rank
+            ended, last_call = furthest == 2, furthest >= 1
         """,
         before=lambda node: isinstance(node, ast.Assign) and "is_last_batch" in ast.unparse(node.targets[0]),
     )
@@ -74,7 +75,9 @@ Under DDP, a rank whose data ended left the epoch while its peers waited in the 
 After each call of a step taking `dataloader_iter` the ranks now agree, in one all-reduce, whether the data has
 ended on any rank and whether the next call may take the last batch (so that every rank syncs its gradients in
 it). The all-reduce carries the SIGTERM flag and replaces the broadcast made before each batch; one more runs
-before the epoch's first call. A rank left with batches warns that they are not trained.
+before the epoch's first call. It sends one number, as the broadcast does: the states are ordered (data that ended
+has no batch for the next call), so the furthest state any rank reached says all three. A rank left with batches
+warns that they are not trained.
 """,
     _vote,
     changelog=(
