@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "rfc"))  # where `python rfc/render.py` finds it
 
 from rendering.plot_series import COINCIDE_MARK, coincide, drawn_series, plot_problems, style  # noqa: E402
-from rendering.plots import _efficiency_points, describe_efficiency  # noqa: E402
+from rendering.plots import PLOTS  # noqa: E402
 
 GENERATED = ROOT / "rfc" / "generated"
 SIDECARS = sorted(GENERATED.glob("*.json"))
@@ -113,7 +113,7 @@ def s1_row(design: str, nominal: float, measured: float) -> dict:
 def test_an_s1_point_off_its_nominal_ratio_is_drawn_as_not_judged():
     off = 1.0 * (1 + 2 * RATIO_TOLERANCE)
     data = {"scenarios": {"S1": [s1_row("upstream", 0.5, 0.5), s1_row("upstream", 1.0, off)]}}
-    [panel] = describe_efficiency(data, _efficiency_points(data))
+    [panel] = PLOTS["plot-efficiency"].describe(data, "machine")["panels"]
     [drawn] = panel["series"]
     assert [(point[0], point[4]) for point in drawn["points"]] == [(0.5, True), (round(off, 6), False)]
 
