@@ -220,16 +220,20 @@ def block_s7(inputs: Inputs, page_dir: Path) -> str:
     found = s7_rows(inputs)
     if not found:
         return no_results(f"S7 results of {code(RECOMMENDED)}", BENCHMARK_COMMAND + " in the patched environment")
+    files = sorted({f"`benchmarks-{kind}.json`" for kind, _, _ in found})
     rows = []
     for kind, row, verdict in sorted(found, key=lambda r: (r[1]["world_size"], r[1].get("role") != "design",
                                                            r[1]["step"] != "tiny")):
         shown = _interval(row["overhead_vs_regular"], row["overhead_vs_regular_interval"])
-        judged = f"≤ 1.01: **{verdict}**" if verdict else "shown, not judged"
+        judged = f"≤ 1.01: **{verdict}**" if verdict else "–"
         control = f" ({row['configuration']}, a control)" if row.get("role") != "design" else ""
         rows.append([str(row["world_size"]), row["step"] + control, f"{row['t_call_us'] / 1000:.2f}",
-                     f"{row['t_regular_us'] / 1000:.2f}", shown, judged, f"`benchmarks-{kind}.json`"])
-    return table(["ranks", "step", "ms per call", "stock ms per batch", "ratio [95 % interval]", "target", "file"],
-                 rows)
+                     f"{row['t_regular_us'] / 1000:.2f}", shown, judged]
+                    + ([f"`benchmarks-{kind}.json`"] if len(files) > 1 else []))
+    header = ["ranks", "step", "ms per call", "stock ms per batch", "ratio [95 % interval]", "target"]
+    if len(files) > 1:
+        return table([*header, "file"], rows)
+    return table(header, rows) + f"\n\nFrom {files[0]}."
 
 
 FIRST_SCREEN_BLOCKS = {"decisions": block_decisions, "alternatives": block_alternatives,
