@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,99 +47,21 @@ if str(REPO_ROOT) not in sys.path:
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
 from benchmarks import calibration, entries, measuring, overlap, results, workloads  # noqa: E402
+from benchmarks.gpu_workload import GpuStep, IterGpuStep, PinnedBatches, RegularGpuStep  # noqa: E402
 from harness_common import QUIET  # noqa: E402
 from prototypes import DESIGNS, Design, runnable_designs  # noqa: E402
 from prototypes.prefetcher.prefetch_thread import AUTO_PROBE_BATCHES  # noqa: E402
 
-FEATURES = 8
 POINTS = {"L=0.5C": 2.0, "L=C": 1.0, "L=2C": 0.5}  # point -> C as a multiple of the measured L
 BASELINES = ("baseline:regular", "baseline:copy-only", "baseline:compute-only", "baseline:compute-only-raw")
-PATTERN_MAX = 1000  # batch values are integers below PATTERN_MAX + n: exact in float32
 WEIGHTS_TOLERANCE = 1e-5  # final weights against the synchronous path's (the same step on the same batches)
 # The dry run's batches: past the prefetcher's "auto" probe, so its decision (and the path after it) runs too.
 DRY_RUN_BATCHES = AUTO_PROBE_BATCHES + 2
 SKIPPED_ON_CPU = ("the measurement (pinned host-to-device copies against GPU compute, warm-up rounds) needs CUDA:"
                   " skipped; the times below measure nothing")
-
-
-class PinnedBatches(Dataset):
-    """Item ``i``: a host batch (pinned on CUDA) equal to ``pattern + i``; produced instantly, the copy is L."""
-
-    def __init__(self, n: int, rows: int, cols: int, probe: measuring.Probe, pin: bool, seed: int = 0) -> None:
-        generator = torch.Generator().manual_seed(seed)
-        self.pattern = torch.randint(0, PATTERN_MAX, (rows, cols), generator=generator).float()
-        self.pattern[:, 0] = 0.0
-        self.items = []
-        for i in range(n):
-            batch = self.pattern + float(i)
-            self.items.append(batch.pin_memory() if pin else batch)
-        self.probe = probe
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        self.probe.batch_produced()
-        return self.items[i]
-
-
-class GpuStep(pl.LightningModule):
-    """One user step for every design: take a batch, make sure it is on the device, check it, compute C."""
-
-    def __init__(self, probe: measuring.Probe, pattern: torch.Tensor, iterations: int, matmul: int) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(FEATURES, 1)
-        self.probe = probe
-        self.iterations = iterations
-        self.matmul = matmul
-        self.register_buffer("pattern", pattern.clone(), persistent=False)
-        self.register_buffer("weights_b", torch.randn(matmul, matmul, generator=torch.Generator().manual_seed(1))
-                             / matmul**0.5, persistent=False)
-        self.ids: list[torch.Tensor] = []
-        self.oks: list[torch.Tensor] = []
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
-
-    def on_train_epoch_start(self) -> None:
-        self.ids, self.oks = [], []
-        self.probe.epoch_started()
-
-    def on_train_epoch_end(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.probe.epoch_ended(*self.parameters())
-        self.probe.received = [int(i) for i in torch.stack(self.ids).tolist()] if self.ids else []
-        self.probe.batches_exact = bool(torch.stack(self.oks).all().item()) if self.oks else False
-
-    def work(self, batch: torch.Tensor) -> torch.Tensor:
-        batch_id = batch[0, 0].clone()  # not a view: the batch itself may be freed (and its memory reused) early
-        self.ids.append(batch_id)
-        self.oks.append((batch == self.pattern + batch_id).all())  # stays on the device: no synchronisation
-        out = torch.empty(self.matmul, self.matmul, device=batch.device)
-        view = batch[: self.matmul, : self.matmul]
-        for _ in range(self.iterations):
-            torch.mm(view, self.weights_b, out=out)
-        features = batch[:, 1 : FEATURES + 1] / PATTERN_MAX
-        return self.layer(features).pow(2).mean()
-
-
-class RegularGpuStep(GpuStep):
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        return self.work(batch)
-
-
-class IterGpuStep(GpuStep):
-    def training_step(self, dataloader_iter: Iterator) -> torch.Tensor:
-        batch, _batch_idx, _dataloader_idx = next(dataloader_iter)
-        if batch.device != self.device:  # stock Lightning's flavour hands over CPU batches (#18831)
-            batch = batch.to(self.device, non_blocking=True)
-        return self.work(batch)
 
 
 def _sync(device: torch.device) -> None:

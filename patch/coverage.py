@@ -24,17 +24,9 @@ import tempfile
 from pathlib import Path
 
 from harness_common import code_revision
-from patch.lightning_tests import (
-    STACK_TEST_MODULES,
-    TEST_ROOT,
-    UPDATED_TESTS,
-    checkout_commit,
-    count_outcomes,
-    parse_junit,
-    patched_build_series,
-    prepare_tree,
-    pytest_command,
-)
+from patch.junit import count_outcomes, parse_junit
+from patch.lightning_test_tree import STACK_TEST_MODULES, TEST_ROOT, UPDATED_TESTS, prepare_tree
+from patch.lightning_tests import checkout_commit, patched_build_series, pytest_command
 from prototypes.patched import SERIES_MODULE
 
 TARGET = 0.90

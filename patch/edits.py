@@ -3,8 +3,8 @@
 The patch series is generated: the repository holds the code that goes into Lightning and where it goes, not a copy
 of Lightning's source or of a diff's context lines. An edit names its place by the dotted module and the qualified
 name of a definition (``"loops.fetchers"``, ``"_DataLoaderIterDataFetcher.__next__"``); where it must reach inside a
-body, by the statement's structure (an assignment to a name, a call of a name), read with ``ast``. Lightning's own
-lines are only ever kept, moved or removed, never written by this code.
+body, by the statement's structure (an assignment to a name, a call of a name; ``patch.statements``), read with
+``ast``. Lightning's own lines are only ever kept, moved or removed, never written by this code.
 
 Every edit re-parses the module it changes, so edits compose in any order, and an edit whose place is missing (a
 Lightning release that moved the code) stops with an error that names the place.
@@ -18,7 +18,8 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-Predicate = Callable[[ast.stmt], bool]
+from patch.statements import Predicate, reads_name
+
 LINE_LENGTH = 120  # Lightning's line length (its pyproject.toml)
 
 
@@ -311,7 +312,7 @@ class ModuleSource:
 
     def replace_condition(self, qualname: str, reads: str, code: str) -> None:
         """Replace the test of the one ``if`` statement in ``qualname`` whose test reads ``reads`` (a dotted name)."""
-        node = self.statement(qualname, lambda n: isinstance(n, ast.If) and _reads(n.test, reads))
+        node = self.statement(qualname, lambda n: isinstance(n, ast.If) and reads_name(n.test, reads))
         test = node.test  # type: ignore[attr-defined]
         lines = self.lines
         if test.lineno != test.end_lineno:
@@ -358,72 +359,3 @@ class ModuleSource:
         """Add an import statement after the module's last top-level import."""
         last = [node for node in self._tree().body if isinstance(node, (ast.Import, ast.ImportFrom))][-1]
         self._splice(last.end_lineno + 1, last.end_lineno, import_statement(line))
-
-
-# ---- predicates naming a statement by its structure
-def assigns(target: str) -> Predicate:
-    """A statement assigning ``target`` (``"self.done"``, ``"batch"``)."""
-
-    def matches(node: ast.stmt) -> bool:
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        return isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and any(
-            t is not None and ast.unparse(t) == target for t in targets
-        )
-
-    return matches
-
-
-def calls(function: str) -> Predicate:
-    """An expression statement, assignment or return whose value is a call of ``function`` (``"self.advance"``)."""
-
-    def matches(node: ast.stmt) -> bool:
-        value = getattr(node, "value", None)
-        return (
-            isinstance(node, (ast.Expr, ast.Assign, ast.Return))
-            and isinstance(value, ast.Call)
-            and ast.unparse(value.func) == function
-        )
-
-    return matches
-
-
-def asserts(dotted: str) -> Predicate:
-    """An ``assert`` statement whose test reads ``dotted`` (``"model.batch_start_ins"``)."""
-
-    def matches(node: ast.stmt) -> bool:
-        return isinstance(node, ast.Assert) and _reads(node.test, dotted)
-
-    return matches
-
-
-def asserts_exactly(test: str) -> Predicate:
-    """The ``assert`` statement whose test is ``test``, as ``ast.unparse`` writes it (where ``asserts`` would match
-    several statements reading the same name)."""
-
-    def matches(node: ast.stmt) -> bool:
-        return isinstance(node, ast.Assert) and ast.unparse(node.test) == test
-
-    return matches
-
-
-def raises(exception: str) -> Predicate:
-    """A statement (an ``if``, say) whose body raises ``exception``."""
-
-    def matches(node: ast.stmt) -> bool:
-        return isinstance(node, (ast.If, ast.With, ast.Try)) and any(
-            isinstance(inner, ast.Raise) and inner.exc is not None and _reads(inner.exc, exception)
-            for inner in ast.walk(node)
-        )
-
-    return matches
-
-
-def _reads(expression: ast.AST, dotted: str) -> bool:
-    return any(
-        isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) == dotted for node in ast.walk(expression)
-    )
-
-
-def returns(node: ast.stmt) -> bool:
-    """A ``return`` statement (where a function has exactly one)."""
-    return isinstance(node, ast.Return)

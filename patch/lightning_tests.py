@@ -1,12 +1,12 @@
 """Run Lightning's own tests (``tests/tests_pytorch`` of a Lightning checkout) against an installed pytorch_lightning.
 
-The repository's tests import the unified package (``lightning.pytorch``, ``lightning.fabric``); the PyPI package we
-run is the standalone ``pytorch_lightning`` (with ``lightning_fabric``). As Lightning's CI does for the standalone
-package, the test tree is copied into a temporary directory with those imports rewritten, and pytest runs there, one
-process per selected test directory, with each interpreter given: the stock environment and, when given, the patched
-one. Per-test outcomes come from pytest's junit XML; the JSON written holds the versions, the checkout's commit, the
-counts of each run and every test whose outcome differs between the two runs, classified by
-``patch.lightning_test_differences``.
+The repository's tests import the unified package (``lightning.pytorch``, ``lightning.fabric``); the PyPI package we run
+is the standalone ``pytorch_lightning`` (with ``lightning_fabric``). As Lightning's CI does for the standalone package,
+the test tree is copied into a temporary directory with those imports rewritten (``patch.lightning_test_tree``), and
+pytest runs there, one process per selected test directory, with each interpreter given: the stock environment and, when
+given, the patched one. Per-test outcomes come from pytest's junit XML (``patch.junit``); the JSON written holds the
+versions, the checkout's commit, the counts of each run and every test whose outcome differs between the two runs,
+classified by ``patch.lightning_test_differences``.
 
     python -m patch.lightning_tests --checkout PATH [--commit SHA] [--python STOCK_PY] [--patched-python PATCHED_PY]
         [--out rfc/results/lightning-tests.json] [--select loops trainer ...] [--timeout 120]
@@ -23,22 +23,22 @@ import functools
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness_common import code_revision
-from patch.edits import ModuleSource
-from patch.items import ITEMS, TESTS_HERE
+from patch.junit import Outcome, count_outcomes, diff_outcomes, parse_junit, passed_on_both
 from patch.lightning_test_differences import classify_report
-
-# Lightning's packages as the repository's tests import them -> as the standalone PyPI packages name them.
-IMPORT_MAPPING = (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lightning_fabric"))
+from patch.lightning_test_tree import (
+    STACK_TEST_MODULES,
+    TEST_ROOT,
+    UPDATED_TESTS,
+    prepare_legacy_checkpoints,
+    prepare_tree,
+)
 
 # The release's tests of what the RFC changes or relies on: loops, fetchers (under loops/), the trainer with its
 # flags and connectors, checkpointing, logging, the tuner, callbacks and profilers; and of the packages the stack edits
@@ -49,23 +49,11 @@ DEFAULT_SELECTION = (
     "utilities",
 )
 
-TEST_ROOT = Path("tests") / "tests_pytorch"
-# the tests the stack adds, each module a path under TEST_ROOT (run as a selection of its own)
-STACK_TEST_MODULES = tuple(sorted(path.relative_to(TESTS_HERE).as_posix() for path in TESTS_HERE.rglob("test_*.py")))
-# Lightning's tests the stack updates, in the order of its items: each fails on stock, as a test the stack adds does
-UPDATED_TESTS = tuple(updated for item in ITEMS for updated in item.updated_tests)
-# The legacy-checkpoint tests read their version list from here.
-LEGACY_ROOT = Path("tests") / "legacy"
 # What Lightning's CPU CI installs for its tests, less the distributed strategies' packages (DeepSpeed): the test
 # tools and the extras some test modules import unconditionally (jsonargparse, omegaconf).
 TEST_REQUIREMENTS = ("requirements/pytorch/test.txt", "requirements/pytorch/extra.txt")
 PER_TEST_TIMEOUT_S = 120
 RERUNS = 3  # each differing test runs this many times more on each build: a flake does not repeat
-
-# Outcomes that mean the test body ran (a skipped test did not).
-RAN = ("passed", "failed", "error", "xfailed")
-# When one test id appears in several junit entries (a failure in the call and an error at teardown), the worst wins.
-SEVERITY = {"skipped": 0, "xfailed": 1, "passed": 2, "failed": 3, "error": 4}
 
 _VERSIONS_SCRIPT = (
     "import json, platform, torch, pytorch_lightning, lightning_fabric;"
@@ -78,158 +66,6 @@ _INSTALLED_SCRIPT = (
     "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()"
     " if d.metadata['Name']}))"
 )
-
-
-def _import_pattern(package: str) -> re.Pattern[str]:
-    # A whole dotted name only: not `my_lightning.pytorch`, `src/lightning/pytorch`, `lightning.pytorch_x` or an
-    # e-mail/URL tail such as `@lightning.pytorch`.
-    return re.compile(rf"(?<![\w./@]){re.escape(package)}(?![\w/])")
-
-
-_IMPORT_PATTERNS = tuple((_import_pattern(source), target) for source, target in IMPORT_MAPPING)
-
-
-def rewrite_imports(text: str) -> str:
-    """Name the standalone packages wherever the text names the unified package's modules."""
-    for pattern, target in _IMPORT_PATTERNS:
-        text = pattern.sub(target, text)
-    return text
-
-
-def copy_rewritten(source: Path, destination: Path) -> int:
-    """Copy a directory tree, rewriting the imports of every text file; returns how many files changed."""
-    changed = 0
-    for path in sorted(source.rglob("*")):
-        target = destination / path.relative_to(source)
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:  # checkpoints, images: copied as they are
-            shutil.copy2(path, target)
-            continue
-        rewritten = rewrite_imports(text)
-        changed += rewritten != text
-        target.write_text(rewritten, encoding="utf-8")
-    return changed
-
-
-def prepare_tree(checkout: Path, destination: Path, with_stack_tests: bool = False) -> int:
-    """Lay out the checkout's tests under ``destination`` as the repository does, with the imports rewritten, and the
-    tests the stack adds (``patch/tests_pytorch``) among them where ``with_stack_tests``, with Lightning's tests the
-    stack updates (each item's ``updated_tests``) updated as its commits update them.
-
-    ``tests/`` has no ``__init__.py``, so pytest puts it on ``sys.path`` and ``tests_pytorch.helpers`` imports; the
-    checkout's ``pyproject.toml`` carries Lightning's pytest options (strict markers, warning filters, strict xfail).
-    """
-    changed = copy_rewritten(checkout / TEST_ROOT, destination / TEST_ROOT)
-    if with_stack_tests:
-        changed += copy_rewritten(TESTS_HERE, destination / TEST_ROOT)
-        for updated in UPDATED_TESTS:
-            path = destination / TEST_ROOT / updated.module
-            updated.edit(ModuleSource(path, updated.module))
-            # an update is written as the repository's tests are: with its imports
-            path.write_text(rewrite_imports(path.read_text(encoding="utf-8")), encoding="utf-8")
-    if (checkout / LEGACY_ROOT).is_dir():
-        changed += copy_rewritten(checkout / LEGACY_ROOT, destination / LEGACY_ROOT)
-    shutil.copy2(checkout / "pyproject.toml", destination / "pyproject.toml")
-    return changed
-
-
-def versions_with_checkpoints(listed: list[str], checkpoints: Path) -> tuple[list[str], list[str]]:
-    """Split the legacy versions listed into those with a ``.ckpt`` under ``checkpoints/<version>`` and the rest."""
-    present = [version for version in listed if any((checkpoints / version).glob("*.ckpt"))]
-    return present, [version for version in listed if version not in present]
-
-
-def prepare_legacy_checkpoints(python: str, tree: Path) -> dict:
-    """Write the "local" legacy checkpoint with ``python`` and list only the versions whose checkpoints exist.
-
-    Lightning's CI downloads its archive of checkpoints saved by past releases and trains the "local" one with the
-    package under test. Without the archive, ``checkpointing/test_legacy_checkpoints.py`` would fail once per listed
-    release on the missing file, so those releases are dropped from the copied list (and named in the report). The
-    local checkpoint is written by the stock interpreter once, so a patched run loads and resumes stock's checkpoint.
-    """
-    legacy = tree / LEGACY_ROOT
-    listed_file = legacy / "back-compatible-versions.txt"
-    if not listed_file.exists():
-        return {}
-    checkpoints = legacy / "checkpoints"
-    present, absent = versions_with_checkpoints(listed_file.read_text(encoding="utf-8").split(), checkpoints)
-    listed_file.write_text("".join(f"{version}\n" for version in present), encoding="utf-8")
-    local = checkpoints / "local"
-    training = legacy / "simple_classif_training.py"
-    env = {**os.environ, "PYTHONPATH": str(tree / "tests")}  # for `import tests_pytorch`, as Lightning's script sets
-    subprocess.run([python, training, "local"], cwd=tree, env=env, check=True, capture_output=True)
-    for checkpoint in (local / "lightning_logs").glob("version_*/checkpoints/*.ckpt"):
-        checkpoint.rename(local / checkpoint.name)
-    shutil.rmtree(local / "lightning_logs")
-    shutil.copy2(training, local)  # the checkpoint's test imports the model's module from beside it
-    return {"local_written_by": python, "versions_with_checkpoints": present, "versions_without_checkpoints": absent}
-
-
-@dataclass(frozen=True)
-class Outcome:
-    outcome: str  # one of SEVERITY's keys
-    message: str = ""  # the first line of the failure, error or skip reason
-
-
-def _first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0][:300] if (text or "").strip() else ""
-
-
-def _case_outcome(case: ET.Element) -> Outcome:
-    for tag in ("error", "failure"):
-        element = case.find(tag)
-        if element is not None:
-            outcome = "error" if tag == "error" else "failed"
-            return Outcome(outcome, _first_line(element.get("message")) or _first_line(element.text))
-    skipped = case.find("skipped")
-    if skipped is not None:
-        outcome = "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"
-        return Outcome(outcome, _first_line(skipped.get("message")))
-    return Outcome("passed")
-
-
-def parse_junit(xml_text: str) -> dict[str, Outcome]:
-    """Per-test outcomes of one pytest junit XML report, keyed ``classname::name``."""
-    outcomes: dict[str, Outcome] = {}
-    for case in ET.fromstring(xml_text).iter("testcase"):
-        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
-        outcome = _case_outcome(case)
-        previous = outcomes.get(test_id)
-        if previous is None or SEVERITY[outcome.outcome] > SEVERITY[previous.outcome]:
-            outcomes[test_id] = outcome
-    return outcomes
-
-
-def count_outcomes(outcomes: dict[str, Outcome]) -> dict[str, int]:
-    counts = {name: 0 for name in SEVERITY}
-    for result in outcomes.values():
-        counts[result.outcome] += 1
-    counts["collected"] = len(outcomes)
-    counts["ran"] = sum(counts[name] for name in RAN)
-    return counts
-
-
-def diff_outcomes(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> list[dict[str, str]]:
-    """Every test whose outcome differs between the runs ("absent" where one run lacks it), sorted by test id."""
-    differences = []
-    for test_id in sorted(stock.keys() | patched.keys()):
-        before = stock[test_id].outcome if test_id in stock else "absent"
-        after = patched[test_id].outcome if test_id in patched else "absent"
-        if before != after:
-            differences.append({"test": test_id, "stock": before, "patched": after, "classification": "unclassified"})
-    return differences
-
-
-def passed_on_both(stock: dict[str, Outcome], patched: dict[str, Outcome]) -> int:
-    return sum(
-        1 for test_id, result in stock.items() if result.outcome == "passed" and test_id in patched
-        and patched[test_id].outcome == "passed"
-    )
 
 
 def _normalised(name: str) -> str:
@@ -507,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "selection": args.select,
         "per_test_timeout_s": args.timeout,
         **(series if args.patched_python else {}),
+        "setup": code_revision(Path(__file__).parent),  # the revision of the runner and of the stack's tests
         "runs": {},
     }
     runs = {}
@@ -536,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
         report["passed_on_both"] = passed_on_both(stock, patched)
         if args.stack_tests:
             report["stack_tests"] = judge_stack_tests(stock, patched)
-            report["setup"] = code_revision(Path(__file__).parent)  # the revision of the stack's tests
             report["differences"] = [row for row in report["differences"] if not is_stack_test(row["test"])]
         stale = classify_report(report) if args.select else []  # a run of the stack's tests alone judges no entry
         for key in stale:

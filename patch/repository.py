@@ -2,9 +2,10 @@
 
 A pull request is made against master, not against a release. ``base_tree`` lays the repository's
 ``src/lightning/pytorch`` and ``src/lightning/fabric`` out as the release's sdist lays out its standalone packages
-(their imports renamed as for the standalone packages' tests, ``patch.lightning_tests.rewrite_imports``), so that the
-items apply to master's code as they do to the release's; ``patch.series`` then writes the repository-layout patches,
-which ``git_am`` applies, with a plain ``git am``, to a clone of the repository at that commit.
+(their imports renamed as for the standalone packages' tests, ``patch.lightning_test_tree.rewrite_imports``), so
+that the items apply to master's code as they do to the release's; ``patch.series`` then writes the
+repository-layout patches, which ``git_am`` applies, with a plain ``git am``, to a clone of the repository at that
+commit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from patch.lightning_tests import TEST_ROOT, rewrite_imports
+from patch.lightning_test_tree import TEST_ROOT, rewrite_imports
 
 PACKAGES = (("src/lightning/pytorch", "src/pytorch_lightning"), ("src/lightning/fabric", "src/lightning_fabric"))
 TEXT_SUFFIXES = (".py", ".md", ".pyi")

@@ -43,9 +43,10 @@ import tempfile
 from pathlib import Path
 
 from harness_common import code_revision
+from patch.descriptions import describe
 from patch.edits import LightningSource
-from patch.items import ITEMS, TESTS_HERE, Item
-from patch.lightning_tests import TEST_ROOT
+from patch.items import ITEMS
+from patch.lightning_test_tree import TEST_ROOT
 from patch.migration import CHANGES
 from patch.repository import Repository, base_tree
 from patch.stack import STACK, PullRequest, check_stack, commit_message, items_of
@@ -68,12 +69,11 @@ _COMMIT_DATE = "2000-01-01T00:00:00+0000"
 BASE_TAG = "base"  # the sdist as released, or the repository at its commit: the stack's base
 ITEMS_BRANCH = "items"  # one commit per item, in the stack's order: what each item changes
 DESCRIPTION = "DESCRIPTION.md"  # a pull request's description, beside its patches
-CHANGELOG_SECTIONS = ("Added", "Changed", "Fixed")
 # what the stack may add to the package's modules (tests and the CHANGELOG aside) for a reviewer to take in
 SOURCE_LINES_BUDGET = 600  # non-blank lines the stack adds to the package's modules
 PULL_REQUEST_BUDGET = 400  # the same, per pull request
 FETCHERS_GROWTH_BUDGET = 300  # how much longer `loops/fetchers.py` may get
-FETCHERS = PACKAGE_IN_SDIST / "loops" / "fetchers.py"  # Lightning's CHANGELOG's, in its order
+FETCHERS = PACKAGE_IN_SDIST / "loops" / "fetchers.py"
 
 
 def download_sdist(cache: Path = DEFAULT_CACHE) -> Path:
@@ -226,7 +226,7 @@ def write_series(tree: Path, out: Path, layout: str) -> list[Path]:
         if layout == "repository":
             for patch_file in written:
                 patch_file.write_text(to_repository_layout(patch_file.read_text()))
-        (directory / DESCRIPTION).write_text(describe(number, pull_request, rows))
+        (directory / DESCRIPTION).write_text(describe(number, STACK, ITEMS, rows, RELEASE))
         patches += written
     return patches
 
@@ -251,15 +251,6 @@ def _slug(title: str, words: int = 6) -> str:
     return "-".join(re.findall(r"[a-z0-9]+", title.lower())[:words])
 
 
-def _files_cell(files: list[dict]) -> str:
-    """The files a commit changes, those of one directory counted together where there are several."""
-    by_directory: dict[str, list[str]] = {}
-    for changed in files:
-        by_directory.setdefault(str(Path(changed["path"]).parent), []).append(changed["path"])
-    return ", ".join(f"`{paths[0]}`" if len(paths) == 1 else f"`{directory}/` ({len(paths)} files)"
-                     for directory, paths in by_directory.items())
-
-
 def _numstat(tree: Path, commit: str) -> list[dict]:
     """The lines ``commit`` adds to and removes from each file (paths relative to the package; a test's, to the
     tree)."""
@@ -270,61 +261,6 @@ def _numstat(tree: Path, commit: str) -> list[dict]:
         files.append({"path": str(Path(path).relative_to(PACKAGE_IN_SDIST)) if in_package else path,
                       "added": int(added), "removed": int(removed)})
     return files
-
-
-def describe(number: int, pull_request: PullRequest, rows: list[dict]) -> str:
-    """The pull request's description: what it changes and why, its commits (``rows``, as ``_pull_requests`` gives
-    them), what a user notices, how to adapt, and its CHANGELOG entries."""
-    base = (f"on pull request {number - 1}, \"{STACK[number - 2].title}\"" if number > 1
-            else f"on pytorch-lightning {RELEASE}")
-    lines = [f"# {pull_request.title}", "", " ".join(pull_request.why.split()), "",
-             f"Pull request {number} of the {len(STACK)} that make a `training_step(self, dataloader_iter)` get the"
-             f" batches it consumes; it applies {base}.", "", "## Commits", "",
-             "| Commit | Files | Lines (+/−) |", "| --- | --- | --- |"]
-    lines += [f"| {row['subject']} | {_files_cell(row['files'])} | +{row['added']} −{row['removed']} |" for row in rows]
-    made = [item for commit in pull_request.commits for item in items_of(commit, ITEMS)]
-    lines += ["", "## What a user notices", ""]
-    lines += [f"- **{item.title}**. {' '.join(item.why.split())}" for item in made]
-    lines += ["", "## How to adapt", "", " ".join(pull_request.adapt.split()), *_migration_lines(made), "", "## Tests",
-              "", *_tests_lines(made),
-              "", "## CHANGELOG", ""]
-    for heading in CHANGELOG_SECTIONS:
-        entries = [entry for item in made for section, entry in item.changelog if section == heading]
-        lines += [f"### {heading}", "", *(f"- {entry}" for entry in entries), ""] if entries else []
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def _migration_lines(made: list[Item]) -> list[str]:
-    """The rows of the migration table (``patch.migration.CHANGES``) whose items this pull request makes."""
-    numbers = {item.number for item in made}
-    rows = [change for change in CHANGES if set(change.items) & numbers]
-    if not rows:
-        return []
-    lines = ["", "| Today | With this change | How to adapt |", "| --- | --- | --- |"]
-    cells = [[text.replace("|", "\\|") for text in (change.old, change.new, change.adapt)] for change in rows]
-    return lines + [f"| {' | '.join(row)} |" for row in cells]
-
-
-def _tests_lines(made: list[Item]) -> list[str]:
-    """The test modules the items add to Lightning's tests, with their tests (read from ``patch/tests_pytorch``), and
-    Lightning's tests they update."""
-    modules = [module for item in made for module in item.tests]
-    updated = [test for item in made for test in item.updated_tests]
-    if not modules:
-        lines = ["No test of its own under `tests/tests_pytorch` yet."]
-    else:
-        lines = [f"In `{TEST_ROOT.as_posix()}` (the stack made on Lightning's repository carries them; the sdist"
-                 " has no tests); `python -m patch.lightning_tests --stack-tests` runs each on stock and on the stack,"
-                 " where it must fail and pass:", ""]
-    for module in modules:
-        tree = ast.parse((TESTS_HERE / module).read_text())
-        names = [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
-        what = ", ".join(f"`{name}`" for name in names) or " ".join((ast.get_docstring(tree) or "").split())
-        lines.append(f"- `{module}`: {what}")
-    if updated:
-        lines += ["", "Lightning's tests that asserted the old behaviour, updated in the commit that changes it:", ""]
-        lines += [f"- `{test.module}::{test.test}`: {' '.join(test.why.split())}" for test in updated]
-    return lines
 
 
 def added_source_lines(tree: Path, since: str = BASE_TAG, until: str = "HEAD") -> dict[str, int]:

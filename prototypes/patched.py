@@ -38,11 +38,16 @@ BUILD_COMMAND = "python -m patch.environment --venv PATH"
 PATCH_DIR = Path(__file__).resolve().parent.parent / "patch"
 
 
+# The modules of patch/ that, with its items, decide the patched package: the edit engine and its statement
+# predicates, the series writer, the stack's grouping, its pull requests' descriptions and the migration rows they
+# carry.
+SERIES_MODULES = ("edits", "statements", "series", "stack", "descriptions", "migration")
+
+
 def patch_sources(patch_dir: Path = PATCH_DIR) -> list[Path]:
-    """The sources that decide the patched package: the edit engine, the series writer, the stack's grouping, the
-    migration rows its descriptions carry, and the items (the code written into Lightning is theirs alone)."""
-    own = [patch_dir / "edits.py", patch_dir / "series.py", patch_dir / "stack.py", patch_dir / "migration.py"]
-    return sorted([*own, *(patch_dir / "items").rglob("*.py")])
+    """The sources that decide the patched package: ``SERIES_MODULES`` and the items (the code written into Lightning
+    is theirs alone)."""
+    return sorted([*(patch_dir / f"{name}.py" for name in SERIES_MODULES), *(patch_dir / "items").rglob("*.py")])
 
 
 def patch_sources_digest(patch_dir: Path = PATCH_DIR) -> str | None:

@@ -8,27 +8,26 @@ from pathlib import Path
 
 import pytest
 
+from harness_common import code_revision
+from patch.junit import Outcome, count_outcomes, diff_outcomes, parse_junit, passed_on_both
 from patch.lightning_test_differences import Deliberate, Regression, classify, classify_report
-from patch.lightning_tests import (
+from patch.lightning_test_tree import (
     STACK_TEST_MODULES,
     TEST_ROOT,
     UPDATED_TESTS,
-    Outcome,
     copy_rewritten,
-    count_outcomes,
-    diff_outcomes,
+    rewrite_imports,
+    versions_with_checkpoints,
+)
+from patch.lightning_tests import (
     is_stack_test,
     judge_stack_tests,
     main,
     missing_requirements,
-    parse_junit,
-    passed_on_both,
     requirement_name,
     rerun_differences,
-    rewrite_imports,
     stack_test_ids,
     stack_tests_not_shown,
-    versions_with_checkpoints,
 )
 
 # (a line of a Lightning test module, that line as the standalone packages' tests need it)
@@ -287,3 +286,16 @@ def test_rerunning_the_differences_of_a_report_that_does_not_exist_names_the_fix
     with pytest.raises(SystemExit, match="run without --rerun-differences first"):
         main(["--checkout", str(tmp_path), "--rerun-differences", "--out", str(missing)])
     assert not missing.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_run_records_the_revision_it_ran_at(tmp_path: Path):
+    checkout = tmp_path / "checkout"
+    (checkout / TEST_ROOT / "loops").mkdir(parents=True)
+    (checkout / TEST_ROOT / "loops" / "test_one.py").write_text("def test_one():\n    assert True\n")
+    (checkout / "pyproject.toml").write_text("")
+    out = tmp_path / "lightning-tests.json"
+    assert main(["--checkout", str(checkout), "--commit", "abc", "--select", "loops", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["runs"]["stock"]["counts"]["passed"] == 1
+    assert report["setup"] == code_revision(Path(__file__).resolve().parent.parent / "patch")

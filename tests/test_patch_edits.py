@@ -9,16 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from patch.edits import (
-    LICENSE_HEADER,
-    LightningSource,
-    ModuleSource,
-    PlaceNotFound,
-    asserts,
-    asserts_exactly,
-    assigns,
-    calls,
-)
+from patch.edits import LICENSE_HEADER, LightningSource, ModuleSource, PlaceNotFound
+from patch.statements import asserts, asserts_exactly, assigns, calls
 
 MODULE = textwrap.dedent('''\
     """A loop."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from patch.lightning_tests import rewrite_imports
+from patch.lightning_test_tree import rewrite_imports
 from patch.repository import Repository, base_tree, git_am
 from patch.series import to_repository_layout
 

@@ -65,7 +65,7 @@ def test_the_sources_digest_follows_every_item_and_the_engine(tmp_path):
     assert with_item not in (None, digest)
     (copy / "lightning_tests.py").write_text("# the runner of Lightning's tests does not change the package\n")
     assert patched.patch_sources_digest(copy) == with_item
-    for source in (copy / "stack.py", copy / "series.py", copy / "migration.py"):
+    for source in (copy / f"{name}.py" for name in ("statements", "stack", "series", "descriptions", "migration")):
         before = patched.patch_sources_digest(copy)
         source.write_text(source.read_text() + "\n# edited\n")
         assert patched.patch_sources_digest(copy) not in (None, before), source

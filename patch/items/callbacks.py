@@ -3,8 +3,9 @@ call."""
 
 import ast
 
-from patch.edits import LightningSource, assigns, calls
+from patch.edits import LightningSource
 from patch.items import Item, issue
+from patch.statements import assigns, calls
 
 
 def _every_batch_of_the_call(source: LightningSource) -> None:

@@ -4,8 +4,9 @@ tell that the step holds batches."""
 
 import ast
 
-from patch.edits import LightningSource, assigns
+from patch.edits import LightningSource
 from patch.items import Item, issue
+from patch.statements import assigns
 
 END_OF_DATA = '''
 def _end_of_data(self, step_call: Callable[[], Any], drain: bool) -> None:

@@ -3,8 +3,9 @@ counted."""
 
 import ast
 
-from patch.edits import LightningSource, calls
+from patch.edits import LightningSource
 from patch.items import Item, issue
+from patch.statements import calls
 
 
 def _evaluation_and_prediction(source: LightningSource) -> None:

@@ -3,8 +3,9 @@
 import ast
 import re
 
-from patch.edits import ModuleSource, asserts, asserts_exactly, calls
+from patch.edits import ModuleSource
 from patch.items import UpdatedTest
+from patch.statements import asserts, asserts_exactly, calls
 
 DONE_IS_EXACT = (
     "the fetcher looks one batch ahead, so `done` is known for unsized data too, and the step's iterator ends with "

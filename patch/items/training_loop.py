@@ -3,7 +3,8 @@ what a step taking ``dataloader_iter`` took, and the helpers and messages it sha
 
 import ast
 
-from patch.edits import LightningSource, assigns, calls
+from patch.edits import LightningSource
+from patch.statements import assigns, calls
 
 
 def training_loop(source: LightningSource) -> None:
