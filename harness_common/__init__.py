@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from prototypes.common import Design
-from prototypes.patched import installed_series
+from prototypes.patched import SERIES_MODULES, installed_series
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENTRY_POINT_GROUP = "dataloader_iter_designs"
@@ -208,14 +208,20 @@ SETUP_HIDDEN = {"git_commit", "git_dirty", "sources", "generated_at", "machine_k
 
 # The sources a record may have measured, in groups (git pathspecs from the repository's top): every results file
 # carries each group's digest (``source_digests``), and the renderer's check fails where a group that a file's record
-# measured has changed since. The harness's own unit tests are left out: editing them changes no measurement.
+# measured has changed since. The harness's own unit tests are left out: editing them changes no measurement. The
+# patch is two groups, so that editing a tool that runs Lightning's tests does not outdate what the suite measured:
+# what the patched package is made of (``prototypes.patched.patch_sources``), and the rest (the stack's tests for
+# Lightning, the tools that build, run and judge it). The patch's cost is a group of its own beside the benchmarks.
 MEASURED_SOURCES = {
     "designs": (":(top,glob)prototypes/**",),
-    "patch": (":(top,glob)patch/**/*.py",),
+    "patch": (*(f":(top)patch/{name}.py" for name in SERIES_MODULES), ":(top,glob)patch/items/**/*.py"),
+    "patch-checks": (":(top,glob)patch/**/*.py", ":(top,glob,exclude)patch/items/**",
+                     *(f":(top,exclude)patch/{name}.py" for name in SERIES_MODULES)),
     "suite": (":(top,glob)tests/conformance/**", ":(top)tests/test_drain_rules.py",
               ":(top)tests/test_defect_catalogue.py"),
     "benchmarks": (":(top,glob)benchmarks/*.py", ":(top,exclude)benchmarks/test_harness_unit.py",
-                   ":(top,exclude)benchmarks/test_summary.py"),
+                   ":(top,exclude)benchmarks/test_summary.py", ":(top,exclude)benchmarks/patch_cost.py"),
+    "patch-cost": (":(top)benchmarks/patch_cost.py",),
     "harness": (":(top,glob)harness_common/**/*.py",),
 }
 

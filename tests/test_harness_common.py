@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import harness_common
+from prototypes.patched import patch_sources
 from tests.conformance.ddp import TEST_TIMEOUT_S, WORLD, launch
 
 
@@ -45,6 +46,14 @@ def test_each_group_of_measured_sources_holds_files_and_leaves_out_the_harness_u
     assert "benchmarks/test_s3_overhead.py" in listed["benchmarks"]
     assert "benchmarks/test_harness_unit.py" not in listed["benchmarks"]
     assert "tests/conformance/expected_failures/upstream.txt" in listed["suite"]
+    # the patched package's sources are the series' own; the rest of patch/ checks it, and no file is in both
+    root = Path(harness_common.REPO_ROOT)
+    assert listed["patch"] == sorted(path.relative_to(root).as_posix() for path in patch_sources())
+    assert {"patch/lightning_tests.py", "patch/tests_pytorch/loops/test_dataloader_iter_drain.py"} <= set(
+        listed["patch-checks"])
+    assert not set(listed["patch"]) & set(listed["patch-checks"])
+    assert (listed["patch-cost"], "benchmarks/patch_cost.py" in listed["benchmarks"]) == (
+        ["benchmarks/patch_cost.py"], False)
 
 
 WORLDS_AT_ONCE = 12

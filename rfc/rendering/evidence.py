@@ -2,11 +2,11 @@
 sources as they are now.
 
 Every results file records, in its ``setup`` (``setups[*]`` for ``drain-rules.json``, ``runs[*].setup`` for
-``durations.json``), a digest of each group of measured sources (``harness_common.MEASURED_SOURCES``: the designs,
-the patch series, the suite, the benchmarks, the shared harness). ``RECORDS`` says which groups each file measured
-and the command that makes it again. A file whose group has changed since it ran, or that carries no digest, is out
-of date: ``rfc/render.py --check`` fails, naming the file, the groups and the command. ``evidence_commits`` gives the
-commits the records ran at, for the first screen.
+``durations.json``), a digest of each group of measured sources (``harness_common.MEASURED_SOURCES``: the designs, the
+patched package's sources, the patch's checks, the suite, the benchmarks, the patch's cost, the shared harness).
+``RECORDS`` says which groups each file measured and the command that makes it again. A file whose group has changed
+since it ran, or that carries no digest, is out of date: ``rfc/render.py --check`` fails, naming the file, the groups
+and the command. ``evidence_commits`` gives the commits the records ran at, for the first screen.
 """
 
 from __future__ import annotations
@@ -31,19 +31,19 @@ RECORDS: list[tuple[str, tuple[str, ...], str]] = [
      "PATCHED_PY -m pytest tests/conformance --design patched --results rfc/results/conformance-patched.json"),
     ("conformance.json", _SUITE_RUN, CONFORMANCE_COMMAND),
     ("drain-rules.json", _SUITE_RUN, DRAIN_COMMAND),
-    ("defects.json", _SUITE_RUN, DEFECTS_COMMAND),
+    ("defects.json", (*_SUITE_RUN, "patch-checks"), DEFECTS_COMMAND),  # a reverted hunk is the release's (patch.stock)
     ("durations.json", ("designs", "suite", "harness"), "pytest --record-duration rfc/results/durations.json"),
     ("benchmarks-*-patched.json", ("designs", "patch", "benchmarks", "harness"),
      "BENCHMARKS_RESULTS=rfc/results/benchmarks-MACHINE-patched.json PATCHED_PY -m pytest"
      " benchmarks/test_s7_ddp_vote.py --benchmark-only"),
     ("benchmarks-*.json", ("designs", "patch", "benchmarks", "harness"), BENCHMARK_COMMAND),
-    ("patch-cost*.json", ("patch", "benchmarks", "harness"), COST_COMMAND),
+    ("patch-cost*.json", ("patch", "patch-cost", "benchmarks", "harness"), COST_COMMAND),
     ("patch-series.json", ("patch",), SERIES_COMMAND),
-    ("patch-prefixes-master.json", ("patch",), MASTER_COMMAND),
-    ("patch-prefixes.json", ("patch",), PREFIXES_COMMAND),
-    ("patch-coverage.json", ("patch",), COVERAGE_COMMAND),
-    ("lightning-stack-tests.json", ("patch",), STACK_TESTS_COMMAND),
-    ("lightning-tests.json", ("patch",), LIGHTNING_TESTS_COMMAND),
+    ("patch-prefixes-master.json", ("patch", "patch-checks"), MASTER_COMMAND),
+    ("patch-prefixes.json", ("patch", "patch-checks"), PREFIXES_COMMAND),
+    ("patch-coverage.json", ("patch", "patch-checks"), COVERAGE_COMMAND),
+    ("lightning-stack-tests.json", ("patch", "patch-checks"), STACK_TESTS_COMMAND),
+    ("lightning-tests.json", ("patch", "patch-checks"), LIGHTNING_TESTS_COMMAND),
 ]
 
 
