@@ -12,6 +12,10 @@ the patched flavour whose transfer is left out (``_leave_out_transfer``), which 
 flavour's median ratio carries its 95 % interval and a verdict against the patch's targets: a regular module at most
 1.01 of stock, the flavour at most 1.01 of today's flavour.
 
+Beside the time, each case counts the Python bytecode instructions per batch in the same window, each side in a run
+of its own under a trace function (``instructions``): a count has no run-to-run spread, so it tells a real difference
+from the method's noise where the timed interval cannot, though an instruction's time varies, so it is not judged.
+
 Why several builds of each environment (``--stock-python`` and ``--patched-python`` take several interpreters): two
 builds of the same code, installed in environments of their own, differ in a lockstep pair by about as much as the
 flavour's margin, so one pair of environments puts that difference into every pair of a run, beyond its interval.
@@ -25,6 +29,7 @@ is paired with another build of stock: the interval then holds the builds' sprea
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import select
@@ -103,20 +108,63 @@ def _leave_out_transfer() -> None:
     training_epoch_loop._transfer_batch = lambda trainer, batch, dataloader_idx: batch
 
 
-def _child(args: argparse.Namespace) -> None:
-    """One run of S3's workload in this interpreter's Lightning, taking turns through the inherited pipes; prints its
-    mean period (seconds per batch) as JSON."""
+def _run_s3(flavour: str, batches: int) -> None:
+    """S3's run in this interpreter's Lightning, in ``flavour`` (of ``CHILD_FLAVOURS``); each receipt goes through
+    ``measuring.receipt_hook``."""
     import torch
 
     from benchmarks import measuring, workloads
     from benchmarks.conftest import FEATURES
 
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # both runs of a pair on one core, as S3's pairs
+    torch.set_num_threads(workloads.TORCH_THREADS)
+    if flavour == WITHOUT_TRANSFER:
+        _leave_out_transfer()
+    probe = measuring.Probe()
+    dataset = workloads.TimedDataset(batches, 0.0, probe, 1, FEATURES)
+    step = workloads.RegularStep if flavour == "regular" else workloads.IterStep
+    module = step(probe, FEATURES, workloads.Burner(), 0)
+    with tempfile.TemporaryDirectory() as root:
+        workloads.fit(workloads.make_trainer(None, Path(root)), module, workloads.loader(dataset))
+    measuring.check_exactly_once(probe.received, batches)
+
+
+def _count_child(args: argparse.Namespace) -> None:
+    """S3's run, counting the Python bytecode instructions executed between its receipts of batch ``--skip`` and of
+    the last batch (the window the timed runs time); prints their number per batch as JSON."""
+    from benchmarks import measuring
+
+    executed = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal executed
+        frame.f_trace_opcodes = True
+        executed += event == "opcode"
+        return trace
+
+    def received(probe: measuring.Probe, now: float) -> None:
+        if len(probe.received_at) == args.skip + 1:
+            frame = inspect.currentframe()
+            while frame is not None:  # the frames running now (the loops') count too, from here on
+                frame.f_trace, frame.f_trace_opcodes, frame = trace, True, frame.f_back
+            sys.settrace(trace)
+        elif len(probe.received_at) == args.batches:
+            sys.settrace(None)
+
+    measuring.receipt_hook = received
+    _run_s3(args.flavour, args.batches)
+    print(json.dumps(dict(instructions_per_batch=executed / (args.batches - args.skip - 1))))
+
+
+def _child(args: argparse.Namespace) -> None:
+    """One run of S3's workload in this interpreter's Lightning, taking turns through the inherited pipes; prints its
+    mean period (seconds per batch) as JSON."""
+    from benchmarks import measuring
+
     mine, theirs, my_done, their_done, start_in, start_out = args.fds
     turns = Turns(args.skip, _PipeSemaphore(mine), _PipeSemaphore(theirs), _PipeBarrier(start_in, start_out),
                   _PipeClosed(their_done), args.first)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})  # both runs on one core, as S3's pairs
-    torch.set_num_threads(workloads.TORCH_THREADS)
     measuring.receipt_hook = turns.received
     if args.receipts:  # the order of receipts, for the test that the runs take turns
         def logged(probe: measuring.Probe, now: float) -> None:
@@ -125,16 +173,8 @@ def _child(args: argparse.Namespace) -> None:
             turns.received(probe, now)
 
         measuring.receipt_hook = logged
-    if args.flavour == WITHOUT_TRANSFER:
-        _leave_out_transfer()
     try:
-        probe = measuring.Probe()
-        dataset = workloads.TimedDataset(args.batches, 0.0, probe, 1, FEATURES)
-        step = workloads.RegularStep if args.flavour == "regular" else workloads.IterStep
-        module = step(probe, FEATURES, workloads.Burner(), 0)
-        with tempfile.TemporaryDirectory() as root:
-            workloads.fit(workloads.make_trainer(None, Path(root)), module, workloads.loader(dataset))
-        measuring.check_exactly_once(probe.received, args.batches)
+        _run_s3(args.flavour, args.batches)
         if not turns.periods:
             raise AssertionError(f"the run's step received no batch after the first {args.skip}")
     except BaseException:
@@ -186,21 +226,27 @@ def pair(first: str, second: str, flavours: tuple[str, str], batches: int, skip:
     return periods[0], periods[1]
 
 
+def cases(stock: str, patched: str, other_stock: str) -> dict[str, tuple[str, str, tuple[str, str]]]:
+    """Each case as (reference interpreter, measured interpreter, (reference flavour, measured flavour)), for a stock
+    build, a patched build and the stock build its control pairs with."""
+    found = {flavour: (stock, patched, (flavour, flavour)) for flavour in FLAVOURS}
+    found[SAME_ENVIRONMENT] = (stock, other_stock, ("dataloader_iter", "dataloader_iter"))
+    found[OVER_REGULAR] = (stock, patched, ("regular", "dataloader_iter"))
+    found[WITHOUT_TRANSFER] = (stock, patched, ("dataloader_iter", WITHOUT_TRANSFER))
+    return found
+
+
 def measure(stocks: list[str], patcheds: list[str], pairs: int, batches: int, skip: int) -> dict[str, list[float]]:
     """Ratios (second over first) per case. Pairs cycle over every (stock, patched) combination of builds, each twice
     in a row with the first turn swapped; stock's control pairs each stock build with the next one (with itself
     where there is one)."""
     combinations = [(stock, patched) for patched in patcheds for stock in stocks]
-    ratios: dict[str, list[float]] = {case: [] for case in (*FLAVOURS, SAME_ENVIRONMENT, OVER_REGULAR,
-                                                           WITHOUT_TRANSFER)}
+    ratios: dict[str, list[float]] = {case: [] for case in cases("", "", "")}
     for r in range(pairs):
         stock, patched = combinations[(r // 2) % len(combinations)]
         other_stock = stocks[(stocks.index(stock) + 1) % len(stocks)]
-        cases = {flavour: (stock, patched, (flavour, flavour)) for flavour in FLAVOURS}
-        cases[SAME_ENVIRONMENT] = (stock, other_stock, ("dataloader_iter", "dataloader_iter"))
-        cases[OVER_REGULAR] = (stock, patched, ("regular", "dataloader_iter"))
-        cases[WITHOUT_TRANSFER] = (stock, patched, ("dataloader_iter", WITHOUT_TRANSFER))
-        for case, (reference, measured, (reference_flavour, measured_flavour)) in cases.items():
+        for case, (reference, measured, (reference_flavour, measured_flavour)) in cases(
+                stock, patched, other_stock).items():
             if r % 2 == 0:
                 reference_s, measured_s = pair(reference, measured, (reference_flavour, measured_flavour), batches,
                                                skip)
@@ -210,6 +256,40 @@ def measure(stocks: list[str], patcheds: list[str], pairs: int, batches: int, sk
             ratios[case].append(measured_s / reference_s)
         print(f"patch cost: {r + 1} of {pairs} rounds", file=sys.stderr, flush=True)
     return ratios
+
+
+def count_instructions(python: str, flavour: str, batches: int, skip: int) -> float:
+    """Bytecode instructions per batch of S3's timed window, run alone under ``python`` (``_count_child``)."""
+    found = subprocess.run([python, "-m", "benchmarks.patch_cost", "--count", "--flavour", flavour, "--batches",
+                            str(batches), "--skip", str(skip)], capture_output=True, text=True,
+                           timeout=LOCKSTEP_TIMEOUT_S * 2, cwd=Path(__file__).resolve().parent.parent)
+    if found.returncode != 0:
+        raise RuntimeError(f"counting {flavour} under {python} failed: exit {found.returncode}\n{found.stderr[-3000:]}")
+    return json.loads(found.stdout.strip().splitlines()[-1])["instructions_per_batch"]
+
+
+def instructions(stocks: list[str], patcheds: list[str], batches: int, skip: int) -> dict[str, dict[str, Any]]:
+    """Per case, the instructions per batch of each side under every build (the same code gives the same count, so
+    the builds' counts show whether the count is exact), and the ratio of the sides' means."""
+    counted: dict[tuple[str, str], float] = {}
+
+    def count(python: str, flavour: str) -> float:
+        if (python, flavour) not in counted:
+            counted[python, flavour] = count_instructions(python, flavour, batches, skip)
+        return counted[python, flavour]
+
+    found = {}
+    for case in cases("", "", ""):
+        sides: dict[str, list[float]] = {"reference": [], "measured": []}
+        for build in range(max(len(stocks), len(patcheds))):
+            stock, patched = stocks[build % len(stocks)], patcheds[build % len(patcheds)]
+            other_stock = stocks[(stocks.index(stock) + 1) % len(stocks)]
+            reference, measured, (reference_flavour, measured_flavour) = cases(stock, patched, other_stock)[case]
+            sides["reference"].append(count(reference, reference_flavour))
+            sides["measured"].append(count(measured, measured_flavour))
+        means = {side: sum(values) / len(values) for side, values in sides.items()}
+        found[case] = dict(sides, ratio=means["measured"] / means["reference"])
+    return found
 
 
 _VERSIONS = (
@@ -240,9 +320,10 @@ def _environment(parser: argparse.ArgumentParser, pythons: list[str], patched: b
 
 
 def results(ratios: dict[str, list[float]], stock: dict[str, Any], patched: dict[str, Any], batches: int, skip: int,
-            builds: dict[str, int] | None = None) -> dict[str, Any]:
+            builds: dict[str, int] | None = None, counts: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The results file: each case's median ratio, interval and verdict; ``stock`` and ``patched`` are what each
-    environment's interpreters run (``_versions``), ``builds`` how many builds of each the pairs cycled over."""
+    environment's interpreters run (``_versions``), ``builds`` how many builds of each the pairs cycled over,
+    ``counts`` each case's instructions per batch (``instructions``)."""
     from harness_common import conformance_setup
 
     rows = []
@@ -253,6 +334,8 @@ def results(ratios: dict[str, list[float]], stock: dict[str, Any], patched: dict
         if case in THRESHOLDS:
             row.update(threshold=THRESHOLDS[case], verdict=intervals.verdict(figure["interval"], "<=",
                                                                              THRESHOLDS[case]))
+        if counts:
+            row["instructions"] = counts[case]
         rows.append(row)
     setup = conformance_setup()
     setup.update(batches=batches, skip=skip, stock=stock, patched=patched, builds=builds or dict(stock=1, patched=1))
@@ -269,26 +352,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("rfc/results/patch-cost.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--flavour", choices=CHILD_FLAVOURS, help=argparse.SUPPRESS)
     parser.add_argument("--fds", type=int, nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--first", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--receipts", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        _child(args)
+    if args.child or args.count:
+        (_child if args.child else _count_child)(args)
         return 0
     if not args.patched_python:
         parser.error("--patched-python is required: build the environment with `python -m patch.environment --venv "
                      "PATH` and pass PATH/bin/python")
     stock, patched = _environment(parser, args.stock_python, False), _environment(parser, args.patched_python, True)
+    counts = instructions(args.stock_python, args.patched_python, args.batches, args.skip)
     ratios = measure(args.stock_python, args.patched_python, args.pairs, args.batches, args.skip)
     builds = dict(stock=len(args.stock_python), patched=len(args.patched_python))
-    payload = results(ratios, stock, patched, args.batches, args.skip, builds)
+    payload = results(ratios, stock, patched, args.batches, args.skip, builds, counts)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=1) + "\n")
     for row in payload["rows"]:
-        print(f"{row['case']}: {row['ratio']} {row['interval']} {row.get('verdict', '')}")
+        print(f"{row['case']}: {row['ratio']} {row['interval']} {row.get('verdict', '')}; instructions"
+              f" {row['instructions']['ratio']:.4f}")
     print(f"written to {args.out}")
     return 0
 

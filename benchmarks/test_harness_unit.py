@@ -421,6 +421,32 @@ def test_the_case_without_the_transfer_refuses_a_build_of_stock() -> None:
         patch_cost.pair(sys.executable, sys.executable, ("dataloader_iter", patch_cost.WITHOUT_TRANSFER), 12, 3)
 
 
+@pytest.mark.timeout(300)
+def test_an_instruction_count_is_exact_and_follows_the_work_per_batch() -> None:
+    # the same code counts the same; the regular step passes each batch through the transfer hooks, which today's
+    # flavour skips, so it executes more per batch
+    regular = [patch_cost.count_instructions(sys.executable, "regular", 40, 10) for _ in range(2)]
+    flavour = patch_cost.count_instructions(sys.executable, "dataloader_iter", 40, 10)
+    assert regular[0] == regular[1] and regular[0] > flavour > 1000
+
+
+def test_the_instruction_counts_cover_every_build_and_case(monkeypatch) -> None:
+    counted: list[tuple[str, str]] = []
+
+    def count(python: str, flavour: str, batches: int, skip: int) -> float:
+        counted.append((python, flavour))
+        return {"regular": 100.0, "dataloader_iter": 80.0, patch_cost.WITHOUT_TRANSFER: 84.0}[flavour] + (
+            python == "p2")
+
+    monkeypatch.setattr(patch_cost, "count_instructions", count)
+    found = patch_cost.instructions(["s1"], ["p1", "p2"], 10, 2)
+    assert len(counted) == len(set(counted)) == 8  # each (build, flavour) once: 2 of stock, 3 of each patched build
+    assert found["regular"] == dict(reference=[100.0, 100.0], measured=[100.0, 101.0], ratio=1.005)
+    assert found[patch_cost.SAME_ENVIRONMENT]["ratio"] == 1.0
+    assert found[patch_cost.OVER_REGULAR]["reference"] == [100.0, 100.0]
+    assert found[patch_cost.WITHOUT_TRANSFER]["ratio"] == 84.5 / 80.0
+
+
 def test_the_patch_cost_refuses_builds_of_one_environment_that_run_different_things(monkeypatch, capsys) -> None:
     runs = {"s1": dict(pytorch_lightning="9.9.9", patch_series=None),
             "p1": dict(pytorch_lightning="9.9.9", patch_series="sha256:ab"),
