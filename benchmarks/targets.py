@@ -109,7 +109,7 @@ def _judged(target: str, row: dict[str, Any], designs: Mapping[str, Design]) -> 
         return isinstance(row.get("depth"), int)
     if target in OWN_COST:
         world = row.get("world_size", JUDGED_WORLD_SIZE)
-        step = JUDGED_STEP if target != "S7" else row.get("step")  # S7 rows without one measured the tiny step
+        step = JUDGED_STEP if target != "S7" else row["step"]
         return row.get("configuration") == SHIPS and OWN_COST[target] in (None, row["flavour"]) and (
             world == JUDGED_WORLD_SIZE and step == JUDGED_STEP)
     design = _design(row, designs)

@@ -796,13 +796,15 @@ def test_the_s7_block_shows_a_control_beside_the_judged_row_without_a_verdict(tm
     control = dict(row, role="control", configuration="vote as a broadcast", overhead_vs_regular=1.001,
                    overhead_vs_regular_interval=[0.991, 1.007])
     targets = {"S7": {"results": [dict(design="patched", value=1.02, interval=[1.012, 1.028], verdict="missed")]}}
+    larger = dict(row, world_size=4, overhead_vs_regular=1.015, overhead_vs_regular_interval=[1.009, 1.018])
     inputs = Inputs(rfc_dir=tmp_path, results_dir=tmp_path, out_dir=tmp_path, command="render",
-                    benchmarks={"x86-patched": {"scenarios": {"S7": [control, row]}, "targets": targets}})
+                    benchmarks={"x86-patched": {"scenarios": {"S7": [control, row, larger]}, "targets": targets}})
     block = block_s7(inputs, tmp_path)
+    assert "| 4 |" not in block and "4 ranks: [the benchmarks](" in block  # the judged world size only, here
     lines = [line for line in block.splitlines() if line.startswith("| 2 ")]
     assert lines[0].startswith("| 2 | 20ms | 30.00 | 29.40 | 1.020 [1.012, 1.028] | ≤ 1.01: **missed** |")
     assert lines[1] == "| 2 | 20ms (vote as a broadcast, a control) | 30.00 | 29.40 | 1.001 [0.991, 1.007] | – |"
-    assert block.endswith("From `benchmarks-x86-patched.json`.")  # one file: named once, not on every row
+    assert "From `benchmarks-x86-patched.json`." in block  # one file: named once, not on every row
     assert "1.001" not in costs_line(inputs)  # the first screen states what ships
 
 

@@ -96,6 +96,15 @@ def test_the_cost_block_gives_each_case_its_interval_and_verdict(tmp_path):
     assert "1 build(s) of stock and 1 of the patched package" in block
 
 
+def test_the_cost_block_shows_the_instruction_counts_where_the_run_made_them(tmp_path):
+    counts = dict(reference=[16446.0, 16446.0], measured=[16588.0, 16590.0], ratio=1.0087)
+    inputs = _cost(tmp_path, [dict(case="regular", flavour="regular", pairs=24, ratio=1.004, interval=[0.998, 1.009],
+                                   threshold=1.01, verdict="met", instructions=counts)])
+    block = patch_series.block_patch_cost(inputs, tmp_path)
+    assert "| ratio [95 % interval] | instructions | target |" in block
+    assert "| 1.004 [0.998, 1.009] | 1.009 (16,589/16,446) (the builds differ) | ≤ 1.01: **met** |" in block
+
+
 def test_the_cost_blocks_control_says_it_pairs_two_builds_of_stock_where_the_run_had_several(tmp_path):
     inputs = _cost(tmp_path, [dict(case="stock-over-stock", flavour="dataloader_iter", pairs=24, ratio=1.0,
                                    interval=[0.99, 1.01])])
@@ -225,3 +234,15 @@ def test_the_first_screen_names_each_cost_case_and_judges_only_the_targets(tmp_p
     assert ("the flavour's batch with its transfer left out 1.024 [1.018, 1.030] of today's flavour (shown, not"
             " judged: the look-ahead's own work)") in line
     assert "1.000" not in line  # the method's control is for the cost block, not the first screen
+
+
+def test_what_makes_the_series_counts_the_lines_of_each_part_of_patch(tmp_path):
+    for path, lines in (("items/look_ahead.py", 3), ("items/__init__.py", 1), ("edits.py", 2), ("series.py", 4),
+                        ("tests_pytorch/loops/test_x.py", 5), ("lightning_tests.py", 6), ("coverage.py", 1)):
+        (tmp_path / "patch" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "patch" / path).write_text("x = 1\n\n" * lines)
+    assert patch_series.generator_lines(tmp_path) == dict(items=4, writer=6, tests=5, checks=7)
+    line = patch_series.generator_line(tmp_path)
+    assert line.startswith("What makes the series: 4 non-blank lines of Python in `patch/items/`")
+    assert "and 6 write it into Lightning's classes" in line
+    assert "are 5 more, and the tools that run and judge it 7." in line

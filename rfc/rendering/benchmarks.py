@@ -358,7 +358,7 @@ def block_ddp_cost_model(inputs: Inputs, page_dir: Path) -> str:
         if not rows:
             parts.append(f"No S7 step-call rows in {code('benchmarks-' + kind + '.json')}.")
             continue
-        body = [[_design_cell(r), str(r["world_size"]), str(r.get("step", "tiny")),
+        body = [[_design_cell(r), str(r["world_size"]), str(r["step"]),
                  fmt_number("t_call_us", r["t_call_us"]),
                  fmt_number("t_regular_us", r["t_regular_us"]),
                  with_interval("overhead_vs_regular", r.get("overhead_vs_regular"),

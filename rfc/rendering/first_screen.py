@@ -216,11 +216,17 @@ def block_pull_requests(inputs: Inputs, page_dir: Path) -> str:
 
 
 def block_s7(inputs: Inputs, page_dir: Path) -> str:
-    """The recommended design's S7 rows: each world size and step, the ratio and its interval, the judged verdict."""
+    """The recommended design's S7 rows at the judged world size: each step, the ratio and its interval, the judged
+    verdict; the other world sizes are on the benchmarks page."""
     found = s7_rows(inputs)
     if not found:
         return no_results(f"S7 results of {code(RECOMMENDED)}", BENCHMARK_COMMAND + " in the patched environment")
     files = sorted({f"`benchmarks-{kind}.json`" for kind, _, _ in found})
+    others = sorted({row["world_size"] for _, row, _ in found} - {JUDGED[0]})
+    found = [(kind, row, verdict) for kind, row, verdict in found if row["world_size"] == JUDGED[0]]
+    benchmarks = link_in_rfc(inputs, page_dir, "generated/benchmarks.md")
+    elsewhere = (f" {' and '.join(map(str, others))} ranks: [the benchmarks]({benchmarks}#s7-a-step-call-under-ddp)."
+                 if others else "")
     rows = []
     for kind, row, verdict in sorted(found, key=lambda r: (r[1]["world_size"], r[1].get("role") != "design",
                                                            r[1]["step"] != "tiny")):
@@ -232,8 +238,8 @@ def block_s7(inputs: Inputs, page_dir: Path) -> str:
                     + ([f"`benchmarks-{kind}.json`"] if len(files) > 1 else []))
     header = ["ranks", "step", "ms per call", "stock ms per batch", "ratio [95 % interval]", "target"]
     if len(files) > 1:
-        return table([*header, "file"], rows)
-    return table(header, rows) + f"\n\nFrom {files[0]}."
+        return table([*header, "file"], rows) + ("\n\n" + elsewhere.strip() if elsewhere else "")
+    return table(header, rows) + f"\n\nFrom {files[0]}.{elsewhere}"
 
 
 FIRST_SCREEN_BLOCKS = {"decisions": block_decisions, "alternatives": block_alternatives,

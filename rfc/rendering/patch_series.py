@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness_common import REPO_ROOT
+from prototypes.patched import SERIES_MODULES
 from rendering.code_pointers import PATCH_SUMMARY, no_code_of_its_own
 from rendering.markdown import cell, code, commit_text, no_results
 from rendering.results import Inputs, load_json
@@ -39,7 +41,7 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
             title = f"{number}. {cell(pull_request['title'])}" if index == 0 else ""
             lines.append(f"| {title} | {cell(commit['subject'])} | {', '.join(map(str, commit['items']))} |"
                          f" +{commit['added']} −{commit['removed']} |")
-    lines += ["", *budget_lines(summary)]
+    lines += ["", *budget_lines(summary), "", generator_line(REPO_ROOT)]
     lines += ["", "| Item | Code here | Lightning's lines (+/−) |", "| --- | --- | --- |"]
     for item in items:
         where = code(item["code"]) if item["code"] else f"{no_code_of_its_own(item)}: {item['part']}"
@@ -50,6 +52,29 @@ def block_patch_series(inputs: Inputs, page_dir: Path) -> str:
     for item in items:
         lines.append(f"- **{item['number']}. {cell(item['title'])}.** {' '.join(item['why'].split())}")
     return "\n".join(lines)
+
+
+def generator_lines(root: Path) -> dict[str, int]:
+    """Non-blank lines of the Python under ``root/patch``: the items, the modules that write them into Lightning and
+    make the stack (``SERIES_MODULES``), the stack's tests for Lightning, and the tools that run and judge it."""
+    counts = dict.fromkeys(("items", "writer", "tests", "checks"), 0)
+    for path in sorted((root / "patch").rglob("*.py")):
+        parts = path.relative_to(root / "patch").parts
+        kind = ("items" if parts[0] == "items" else "tests" if parts[0] == "tests_pytorch"
+                else "writer" if path.stem in SERIES_MODULES and len(parts) == 1 else "checks")
+        counts[kind] += sum(1 for line in path.read_text().splitlines() if line.strip())
+    return counts
+
+
+def generator_line(root: Path) -> str:
+    """What makes the series here, and why it is made rather than kept as patches."""
+    counts = generator_lines(root)
+    writer = ", ".join(f"`{name}`" for name in SERIES_MODULES)
+    return (f"What makes the series: {counts['items']:,} non-blank lines of Python in `patch/items/` say what goes into"
+            f" Lightning and where, and {counts['writer']:,} write it into Lightning's classes and make the stack"
+            f" ({writer}). The stack's tests for Lightning are {counts['tests']:,} more, and the tools that run and"
+            f" judge it {counts['checks']:,}. The series is made, not kept as patches, so that the same items make it"
+            " on the release and on master, and an item whose place moved stops with an error naming the place.")
 
 
 def budget_lines(summary: dict) -> list[str]:
@@ -178,20 +203,26 @@ def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
     setup = data["setup"]
     builds = setup.get("builds", dict(stock=1, patched=1))
     cases = {**_CASES, **({"stock-over-stock": _CONTROL_ACROSS_BUILDS} if builds["stock"] > 1 else {})}
+    counted = all("instructions" in row for row in data["rows"])
     rows = []
     for row in data["rows"]:
         interval = row["interval"]
         shown = f"{row['ratio']:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
         target = f"≤ {row['threshold']}: **{row['verdict']}**" if "threshold" in row else "–"
-        rows.append(f"| {cases.get(row['case'], cell(row['case']))} | {row['pairs']} | {shown} | {target} |")
+        instructions = f" {_instructions_cell(row['instructions'])} |" if counted else ""
+        rows.append(f"| {cases.get(row['case'], cell(row['case']))} | {row['pairs']} | {shown} |{instructions}"
+                    f" {target} |")
     return "\n".join([
         f"Time per batch of S3's run (tiny model, batch size 1, {setup['batches']} batches, timed from batch "
         f"{setup['skip']}), patched over stock, in lockstep pairs over {builds['stock']} build(s) of stock and "
         f"{builds['patched']} of the patched package (`python -m benchmarks.patch_cost`). A target is met or missed "
         "only when the whole 95 % interval is on one side of it.",
+        *(["", "Instructions: Python bytecode instructions per batch in the same window, each side counted alone; "
+           "patched over stock. A count has no spread, so no interval (the cell says where builds differ). Shown, "
+           "not judged: an instruction's time varies."] if counted else []),
         "",
-        "| Case | pairs | ratio [95 % interval] | target |",
-        "| --- | ---: | --- | --- |",
+        f"| Case | pairs | ratio [95 % interval] |{' instructions |' if counted else ''} target |",
+        f"| --- | ---: | --- |{' --- |' if counted else ''} --- |",
         *rows,
         "",
         f"*Setup ({COST_FILE}):* machine `{setup['machine']}`; stock pytorch-lightning "
@@ -201,6 +232,15 @@ def block_patch_cost(inputs: Inputs, page_dir: Path) -> str:
         f"{setup.get('generated_at', '')}.",
         *_other_cost_runs(inputs),
     ])
+
+
+def _instructions_cell(counts: dict) -> str:
+    """Instructions per batch of the measured side over the reference's, and their ratio (``benchmarks.patch_cost``'s
+    ``instructions``)."""
+    means = {side: sum(counts[side]) / len(counts[side]) for side in ("measured", "reference")}
+    differ = any(len(set(counts[side])) > 1 for side in means)
+    return (f"{counts['ratio']:.3f} ({means['measured']:,.0f}/{means['reference']:,.0f})"
+            + (" (the builds differ)" if differ else ""))
 
 
 def _build(side: dict) -> str:
